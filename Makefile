@@ -1,0 +1,40 @@
+# kdtr: `make test` and `make demo` do all set-up on a fresh machine (Python >= 3.11 with venv).
+PY      ?= python3
+VENV    ?= .venv
+BIN     := $(VENV)/bin
+KDTR    := $(BIN)/kdtr
+STAMP   := $(VENV)/.installed
+EXTRAS  ?= test,nvrtc
+
+.PHONY: test test-gpu demo goldens check-goldens clean install
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[$(EXTRAS)]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+## Every test this machine can run (GPU tests skip cleanly without a GPU).
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+## GPU tests only (on a machine with a CUDA GPU and cupy: EXTRAS=test,cuda13 or test,cuda12).
+test-gpu: $(STAMP)
+	$(BIN)/python -m pytest -q -m gpu -rs
+
+## Generate the smoke suite, show a bundle, verify (GPU kernels if a GPU is present, else emulate-flash).
+demo: $(STAMP)
+	$(KDTR) gen --suite smoke --out out/demo
+	$(KDTR) show out/demo/dsv3-h16-p0.70-ddtree16m-pg64-bf16-s0.kdtr
+	$(BIN)/python -m kdtr.demo out/demo
+
+## Regenerate the committed ci goldens, and confirm them.
+goldens: $(STAMP)
+	$(KDTR) gen --suite ci --out goldens/ci -j 2
+check-goldens: $(STAMP)
+	$(KDTR) gen --check --out goldens/ci
+
+clean:
+	rm -rf $(VENV) out build *.egg-info .pytest_cache

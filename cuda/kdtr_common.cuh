@@ -1,0 +1,94 @@
+// kdtr_common.cuh -- small device helpers shared by kdtr's verify kernels.
+//
+// Storage loads to float (float and __nv_bfloat16), float stores to the output type, the paged
+// cache address of a request's token, the tree-mask bit test and warp reductions. Everything is
+// in namespace kdtr and __forceinline__; no state, no host code.
+
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include "kdtr_abi.h"
+
+namespace kdtr {
+
+// ---- storage type -> float ------------------------------------------------------------------
+
+template <typename T>
+__device__ __forceinline__ float to_float(T x);
+
+template <>
+__device__ __forceinline__ float to_float<float>(float x) { return x; }
+
+template <>
+__device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+// Four consecutive elements starting at p (p 8-byte aligned for bf16, 16-byte aligned for float).
+template <typename T>
+__device__ __forceinline__ float4 load_float4(const T* p);
+
+template <>
+__device__ __forceinline__ float4 load_float4<float>(const float* p) {
+  return *reinterpret_cast<const float4*>(p);
+}
+
+template <>
+__device__ __forceinline__ float4 load_float4<__nv_bfloat16>(const __nv_bfloat16* p) {
+  const uint2 raw = *reinterpret_cast<const uint2*>(p);
+  const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.x));
+  const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.y));
+  return make_float4(lo.x, lo.y, hi.x, hi.y);
+}
+
+// ---- float -> output type (round to nearest even) --------------------------------------------
+
+template <typename T>
+__device__ __forceinline__ T from_float(float x);
+
+template <>
+__device__ __forceinline__ float from_float<float>(float x) { return x; }
+
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+
+// ---- paged cache and tree mask ---------------------------------------------------------------
+
+// Element offset into kv_cache of the row holding slot `offset` of the request's `page_index`-th
+// page. 64-bit: num_pages * page_size * 576 exceeds 2^31 for long batches.
+__device__ __forceinline__ long long kv_row_offset(const KdtrParams& p, int b, int page_index, int offset) {
+  const int page = p.block_table[(long long)b * p.max_pages + page_index];
+  return ((long long)page * p.page_size + offset) * KDTR_DK;
+}
+
+// Element offset into kv_cache of token j of request b (j in [0, P_b + T)).
+__device__ __forceinline__ long long kv_token_offset(const KdtrParams& p, int b, int j) {
+  return kv_row_offset(p, b, j / p.page_size, j % p.page_size);
+}
+
+// The packed mask row of node t of request b: mask_words unsigned words.
+__device__ __forceinline__ const unsigned* mask_row(const KdtrParams& p, int b, int t) {
+  return p.tree_mask + ((long long)b * p.T + t) * p.mask_words;
+}
+
+// Does node t of request b see tree node c (0 <= c < T)?
+__device__ __forceinline__ bool mask_bit(const KdtrParams& p, int b, int t, int c) {
+  return (mask_row(p, b, t)[c / KDTR_MASK_BITS] >> (c % KDTR_MASK_BITS)) & 1u;
+}
+
+// ---- warp reductions (all 32 lanes must call; WIDTH-lane groups, WIDTH a power of two <= 32) --
+
+template <int WIDTH = 32>
+__device__ __forceinline__ float warp_sum(float x) {
+#pragma unroll
+  for (int off = WIDTH / 2; off > 0; off /= 2) x += __shfl_xor_sync(0xffffffffu, x, off);
+  return x;
+}
+
+template <int WIDTH = 32>
+__device__ __forceinline__ float warp_max(float x) {
+#pragma unroll
+  for (int off = WIDTH / 2; off > 0; off /= 2) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, off));
+  return x;
+}
+
+}  // namespace kdtr

@@ -1,0 +1,152 @@
+"""The `kdtr` command line: parse, call the library, render.
+
+Heavy modules (numpy work, rich, cupy) are imported inside the commands so `kdtr --help`
+stays instant. User errors end as one line on stderr and exit code 2; a failed check exits 1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import click
+
+EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+
+
+class UserError(Exception):
+    """A mistake in what the user asked for; printed as one line, exit code 2."""
+
+
+def _user_error_types() -> tuple[type, ...]:
+    from kdtr.bundle import BundleError
+    from kdtr.trees import TreeError
+    from kdtr.verify import InputError
+
+    types = [BundleError, TreeError, InputError, UserError, ValueError, FileNotFoundError, IsADirectoryError]
+    try:
+        from kdtr.kernels import KernelSpecError
+
+        types.append(KernelSpecError)
+    except ImportError:
+        pass
+    try:
+        from kdtr.launch import GpuUnavailable
+
+        types.append(GpuUnavailable)
+    except ImportError:
+        pass
+    return tuple(types)
+
+
+class KdtrGroup(click.Group):
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException):
+            raise
+        except KeyboardInterrupt:
+            click.echo("interrupted", err=True)
+            sys.exit(130)
+        except Exception as e:
+            if isinstance(e, _user_error_types()) and not os.environ.get("KDTR_DEBUG"):
+                from kdtr import report
+
+                report.error(" ".join(str(e).split()) or type(e).__name__)
+                sys.exit(EXIT_USAGE)
+            raise
+
+
+@click.group(cls=KdtrGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="kdtr")
+def main():
+    """kdtr: golden references, verification and benchmarks for tree-verify MLA attention kernels."""
+
+
+@main.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def list_cmd(as_json):
+    """Suites, models and the preset table."""
+    from kdtr import commands
+
+    data = commands.list_data()
+    if as_json:
+        click.echo(json.dumps(data, indent=1))
+        return
+    commands.render_list(data)
+
+
+@main.command()
+@click.option("--suite", type=str, help="Named suite: smoke, ci, long.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), help="Output directory [goldens/<suite> or ./bundles].")
+@click.option("--seed", type=int, default=None, help="Seed (overrides the suite's).")
+@click.option("-j", "--jobs", type=int, default=1, show_default=True, help="Worker processes.")
+@click.option("--check", is_flag=True, help="Regenerate the bundles listed in the manifest and confirm them.")
+@click.option("--model", default=None, help="Explicit case: model preset (deepseek-v3, kimi-k2).")
+@click.option("--tp", type=int, default=None, help="Explicit case: tensor parallelism (heads = model heads / tp).")
+@click.option("--heads", type=int, default=None, help="Explicit case: heads per GPU (instead of --tp).")
+@click.option("--prefix", default=None, help="Explicit case: prefix lengths of one batch, e.g. 0,65,8k.")
+@click.option("--budget", default=None, help="Explicit case: budget(s), e.g. 16,256 (one case each).")
+@click.option("--family", default="ddtree", show_default=True, help="Tree family: ddtree, chain, star, root, json.")
+@click.option("--profile", default="mixed", show_default=True, help="DDTree profile: confident, uncertain, mixed.")
+@click.option("--trees", "json_path", default=None, help="Captured trees JSON (family json).")
+@click.option("--page-size", type=int, default=64, show_default=True)
+@click.option("--kv-dtype", default="bf16", show_default=True, help="fp32 or bf16 storage.")
+@click.option("--out-dtype", default=None, help="fp32 or bf16 output [= kv dtype].")
+@click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
+def gen(suite, out_dir, seed, jobs, check, as_json, **shape):
+    """Generate golden .kdtr bundles (a suite or one explicit shape)."""
+    from kdtr import commands
+
+    if check:
+        data = commands.gen_check(out_dir or f"goldens/{suite or 'ci'}")
+        _emit(data, as_json, commands.render_check)
+        sys.exit(EXIT_OK if data["ok"] else EXIT_FAIL)
+    specs, default_out = commands.gen_specs(suite, seed, shape)
+    data = commands.gen_run(specs, out_dir or default_out, jobs, quiet=as_json)
+    _emit(data, as_json, commands.render_gen)
+
+
+@main.command()
+@click.argument("bundle", type=str)
+@click.option("--json", "as_json", is_flag=True, help="Metadata and tensor table as JSON.")
+@click.option("--request", "b", type=int, default=0, show_default=True, help="Which request's tree to draw.")
+def show(bundle, as_json, b):
+    """Metadata, tensors, the tree, its mask and depth histogram of a bundle."""
+    from kdtr import commands
+
+    data = commands.show_data(bundle, b)
+    _emit(data, as_json, commands.render_show)
+
+
+@main.command()
+@click.argument("bundles", nargs=-1)
+@click.option("-k", "--kernel", "kernel_spec", required=True,
+              help="Built-in name, path/file.cu:symbol, or package.module:callable.")
+@click.option("--repeat", type=int, default=1, show_default=True, help="Runs per case; all must be bit-identical.")
+@click.option("--json", "json_file", type=click.Path(dir_okay=False), help="Write the full report here.")
+@click.option("--atol", type=float, default=None, help="Override atol of out.")
+@click.option("--rtol", type=float, default=None, help="Override rtol of out.")
+@click.option("--rel-norm", type=float, default=None, help="Override the relative-norm bound of out.")
+@click.option("-j", "--jobs", type=int, default=1, help="Workers when a suite must be generated first.")
+def verify(bundles, kernel_spec, repeat, json_file, atol, rtol, rel_norm, jobs):
+    """Verify a kernel against golden bundles (files, directories, globs or suite names)."""
+    from kdtr import commands
+
+    if repeat < 1:
+        raise UserError("--repeat must be >= 1")
+    overrides = {"out": {"atol": atol, "rtol": rtol, "rel_norm": rel_norm}}
+    rep = commands.verify_run(kernel_spec, list(bundles) or ["smoke"], repeat, overrides, json_file, jobs)
+    sys.exit(EXIT_FAIL if rep.failed else EXIT_OK)
+
+
+def _emit(data, as_json, render):
+    if as_json:
+        click.echo(json.dumps(data, indent=1, default=str))
+    else:
+        render(data)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,34 @@
+"""The end of `make demo`: a real verification of the built-in kernels on the smoke bundles.
+
+With a GPU it verifies the CUDA kernels; without one it says so plainly and verifies the CPU
+emulation of the bf16 flash kernel instead.
+
+    python -m kdtr.demo out/demo
+"""
+
+from __future__ import annotations
+
+import sys
+
+
+def main(argv: list[str]) -> int:
+    from kdtr import commands, report
+    from kdtr.kernels import builtin_names
+    from kdtr.launch import gpu_available, gpu_unavailable_reason
+
+    target = argv[0] if argv else "smoke"
+    if gpu_available():
+        kernels = [k for k in ("naive", "flash") if k in builtin_names()]
+    else:
+        report.note(f"[bold yellow]No GPU found[/] ({gpu_unavailable_reason()}): running [bold]emulate-flash[/], "
+                    "the CPU emulation of the bf16 flash kernel, instead of the CUDA kernels.")
+        kernels = ["emulate-flash"]
+    failed = False
+    for k in kernels:
+        rep = commands.verify_run(k, [target], repeat=1, overrides={}, json_file=None)
+        failed |= rep.failed
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

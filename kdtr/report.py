@@ -1,0 +1,109 @@
+"""Rendering: the only module that imports rich.
+
+Commands hand plain data (dataclasses, dicts) to one of these functions; every table goes
+through ``table`` so that styles and number formats stay the same everywhere.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from typing import Iterable, Sequence
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+from rich.tree import Tree as RichTree
+
+STATUS_STYLE = {
+    "PASS": "bold green", "SKIPPED": "yellow", "FAIL_NUMERIC": "bold red", "NAN": "bold red",
+    "UNWRITTEN": "bold red", "SHAPE": "bold red", "RACE": "bold magenta", "COMPILE_ERROR": "bold red",
+    "RUNTIME_ERROR": "bold red", "TIMEOUT": "bold red", "SANITIZER": "bold red", "SAME": "bold green",
+    "DIFFERS": "bold red",
+}
+
+_console = Console(highlight=False, soft_wrap=False, width=None if sys.stdout.isatty() else 200)
+_err = Console(stderr=True, highlight=False)
+
+
+def console() -> Console:
+    return _console
+
+
+def error(message: str) -> None:
+    """One line on stderr, no traceback."""
+    _err.print(f"[bold red]error:[/] {message}", markup=True, highlight=False)
+
+
+def note(message: str) -> None:
+    _console.print(message)
+
+
+def status_text(status: str) -> str:
+    return f"[{STATUS_STYLE.get(status, 'white')}]{status}[/]"
+
+
+def fmt(x, digits: int = 3) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, float):
+        if x == 0:
+            return "0"
+        return f"{x:.{digits}g}" if abs(x) < 1e4 and abs(x) >= 1e-3 else f"{x:.{digits - 1}e}"
+    return str(x)
+
+
+def table(title: str, columns: Sequence[str], rows: Iterable[Sequence], right: Sequence[str] = (), caption: str | None = None) -> None:
+    """The one table helper: a title, header, rows of already-formatted cells."""
+    t = Table(title=title, caption=caption, header_style="bold cyan", show_lines=False)
+    for c in columns:
+        t.add_column(c, justify="right" if c in right else "left", overflow="fold")
+    for r in rows:
+        t.add_row(*[c if isinstance(c, str) else fmt(c) for c in r])
+    _console.print(t)
+
+
+@contextlib.contextmanager
+def progress(total: int, label: str):
+    """A progress bar; yields advance(text) to call once per finished item."""
+    if not sys.stdout.isatty():
+        yield lambda text="": None
+        return
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  TextColumn("{task.fields[item]}"), console=_console, transient=False) as p:
+        task = p.add_task(label, total=total, item="")
+        yield lambda text="": p.update(task, advance=1, item=text)
+
+
+def kv_table(title: str, pairs: Iterable[tuple[str, object]]) -> None:
+    table(title, ["field", "value"], [(k, fmt(v) if not isinstance(v, str) else v) for k, v in pairs])
+
+
+def tree_picture(parent, depth, labels=None, max_nodes: int = 64) -> None:
+    """The tree drawn with rich (node index, depth, optional label)."""
+    T = len(parent)
+    root = RichTree(f"[bold]0[/] (root)")
+    nodes = {0: root}
+    for i in range(1, min(T, max_nodes)):
+        lab = f" {labels[i]}" if labels is not None else ""
+        nodes[i] = nodes[int(parent[i])].add(f"{i} [dim]d={int(depth[i])}{lab}[/]")
+    _console.print(root)
+    if T > max_nodes:
+        _console.print(f"[dim]... {T - max_nodes} more nodes not drawn[/]")
+
+
+def mask_picture(visible, max_nodes: int = 64) -> None:
+    """Rows = query nodes, columns = tail keys; '#' visible, '.' masked."""
+    T = min(len(visible), max_nodes)
+    lines = ["     " + "".join(str(c % 10) for c in range(T))]
+    for r in range(T):
+        lines.append(f"{r:4d} " + "".join("#" if visible[r][c] else "." for c in range(T)))
+    _console.print("\n".join(lines), markup=False)
+
+
+def histogram(title: str, counts: dict, width: int = 40) -> None:
+    if not counts:
+        return
+    top = max(counts.values())
+    rows = [(str(k), str(v), "█" * max(1, round(width * v / top))) for k, v in sorted(counts.items())]
+    table(title, ["depth", "nodes", ""], rows, right=("nodes",))

@@ -1,0 +1,71 @@
+"""Every tolerance kdtr applies, per (storage dtype, output dtype, output).
+
+Calibrated (docs/TOLERANCES.md says how): wide enough that a correct bf16 tensor-core kernel
+passes every suite, tight enough that every planted bug (kdtr.bugs) fails. Layers, later wins:
+this table, the values recorded in a bundle, then command-line overrides.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+
+
+@dataclass(frozen=True)
+class Tol:
+    """Bounds one output must meet."""
+
+    atol: float
+    """Element-wise: |got - want| <= atol + rtol * |want|."""
+    rtol: float
+    """Element-wise relative part."""
+    rel_norm: float
+    """Global: ||got - want||_2 / ||want||_2 <= rel_norm."""
+    min_cos: float
+    """Global: cosine(got, want) >= min_cos."""
+
+    def __post_init__(self):
+        if min(self.atol, self.rtol, self.rel_norm) < 0 or not (-1.0 <= self.min_cos <= 1.0):
+            raise ValueError(f"invalid tolerance {self}")
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+OUTPUTS = ("out", "lse")
+
+# (kv/q storage dtype, out dtype, output) -> Tol.
+# fp32 storage: fp32 arithmetic kernels (naive). bf16 storage: tensor-core kernels with bf16
+# operands and P rounded to bf16 before P @ V. lse is always fp32.
+TABLE: dict[tuple[str, str, str], Tol] = {
+    ("fp32", "fp32", "out"): Tol(atol=2e-5, rtol=2e-4, rel_norm=2e-5, min_cos=0.99999),
+    ("fp32", "bf16", "out"): Tol(atol=1e-3, rtol=8e-3, rel_norm=3e-3, min_cos=0.9999),
+    ("fp32", "fp32", "lse"): Tol(atol=2e-5, rtol=1e-5, rel_norm=1e-5, min_cos=0.99999),
+    ("fp32", "bf16", "lse"): Tol(atol=2e-5, rtol=1e-5, rel_norm=1e-5, min_cos=0.99999),
+    ("bf16", "fp32", "out"): Tol(atol=3e-3, rtol=2e-2, rel_norm=6e-3, min_cos=0.9999),
+    ("bf16", "bf16", "out"): Tol(atol=4e-3, rtol=2.5e-2, rel_norm=7e-3, min_cos=0.9999),
+    ("bf16", "fp32", "lse"): Tol(atol=5e-4, rtol=1e-4, rel_norm=1e-4, min_cos=0.99999),
+    ("bf16", "bf16", "lse"): Tol(atol=5e-4, rtol=1e-4, rel_norm=1e-4, min_cos=0.99999),
+}
+
+
+def default(kv_dtype: str, out_dtype: str, output: str) -> Tol:
+    try:
+        return TABLE[(kv_dtype, out_dtype, output)]
+    except KeyError:
+        raise ValueError(f"no tolerance for storage {kv_dtype}, output dtype {out_dtype}, output {output}") from None
+
+
+def for_bundle_meta(kv_dtype: str, out_dtype: str) -> dict:
+    """What a bundle records at generation time: {output: Tol as JSON}."""
+    return {o: default(kv_dtype, out_dtype, o).to_json() for o in OUTPUTS}
+
+
+def resolve(kv_dtype: str, out_dtype: str, output: str, recorded: dict | None = None, overrides: dict | None = None) -> Tol:
+    """Layered tolerance: table, then the bundle's recorded values, then CLI overrides."""
+    tol = default(kv_dtype, out_dtype, output)
+    layer = (recorded or {}).get(output)
+    if layer:
+        tol = replace(tol, **{k: float(v) for k, v in layer.items() if k in Tol.__dataclass_fields__})
+    if overrides:
+        tol = replace(tol, **{k: float(v) for k, v in overrides.items() if v is not None})
+    return tol
