@@ -15,18 +15,18 @@
 //   pass 2: recompute every score; p = exp(s - m) / l; out += p * v (v = key columns 0:512).
 //           lse = m + log(l).
 // Staging 16 rows per block lets each key tile serve 16 query rows: a 128k prefix with H = 16
-// and T = 257 reads the cache 2 * 257 times (~40 GB fp32), not once per query row.
+// and T = 257 reads the cache 2 * 257 times (~155 GB fp32, mostly L2), not 2 * 4112 times.
 //
-// Planted bugs (kdtr/bugs.py gives the definitions) are `if constexpr (BUG == ...)` branches;
-// BUG = KDTR_BUG_NONE is the correct kernel. MERGE_WRONG_MAX processes each row's visible keys
+// Planted bugs (kdtr/bugs.py gives the definitions) are compile-time branches on BUG
+// (`if constexpr (BUG == ...)` or constexpr conditions); BUG = KDTR_BUG_NONE is the correct kernel. MERGE_WRONG_MAX processes each row's visible keys
 // as two halves (ranks [0, n/2) and [n/2, n) in key order) with their own (m, l) and merges them
 // without the exp(m_s - M) rescale; the correct kernel has a single softmax and no split.
 //
 // How to run: kdtr compiles it with NVRTC (-std=c++17, -I cuda/) and launches it with the
 // geometry in kdtr_launch below, the same contract as a user kernel (see kdtr_abi.h):
-//   kdtr verify --kernel naive ...              the correct kernel
-//   kdtr verify --kernel naive-bug=no-rope ...  a planted bug (must FAIL)
-//   pytest -m gpu tests/test_gpu_naive.py       GPU tests against the float64 reference
+//   kdtr verify -k naive ci                     the correct kernel on the committed goldens
+//   kdtr verify -k naive-bug=no-rope ci         a planted bug (must FAIL)
+//   pytest -m gpu tests/test_gpu_naive.py       GPU tests against a float64 reference
 // Instantiations: kdtr_naive_verify<KvT, OutT, BUG>, KvT and OutT in {float, __nv_bfloat16},
 // BUG a KdtrBug value (kdtr/kernels.py's compile_targets() lists all of them).
 
@@ -49,6 +49,7 @@ constexpr int VEC = 4;                         // elements per vector load / sto
 constexpr int VECS_PER_ROW = KDTR_DK / VEC;    // 144 float4 per 576-wide row
 constexpr int OUT_VECS = KDTR_DV / VEC / KEYS; // 8 float4 of out per thread: cols 4 * (c + 16 i)
 constexpr int SMEM_BYTES = ((ROWS + KEYS) * LD + ROWS * KEYS) * 4;  // q rows, key tile, probs
+static_assert(SMEM_BYTES <= 99 * 1024, "fits sm_120's 99 KB of shared memory per block");
 static_assert(KDTR_DK % VEC == 0 && KDTR_DV % (VEC * KEYS) == 0, "tile shape");
 static_assert(KEYS <= 32 && 32 % KEYS == 0, "a row's KEYS threads sit in one warp");
 static_assert((ROWS * VECS_PER_ROW) % THREADS == 0, "staging loops have no tail");

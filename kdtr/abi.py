@@ -71,7 +71,7 @@ def pack_params(**fields) -> np.void:
 
 def as_kernel_arg(rec: np.void) -> np.ndarray:
     """The record as a one-element array: cupy passes a size-1 numpy array by value (its bytes)."""
-    arr = np.empty(1, PARAMS_DTYPE)
+    arr = np.zeros(1, PARAMS_DTYPE)  # padding bytes zero, not garbage
     arr[0] = rec
     return arr
 

@@ -138,8 +138,12 @@ def build_trees(spec: CaseSpec) -> list[trees.Tree]:
     ]
 
 
-def build_problem(spec: CaseSpec) -> tuple[Problem, list[trees.Tree]]:
-    """The inputs of a case: values from raw generator bits, pages shuffled, NaN elsewhere."""
+def build_problem(spec: CaseSpec, values: bool = True) -> tuple[Problem, list[trees.Tree]]:
+    """The inputs of a case: values from raw generator bits, pages shuffled, NaN elsewhere.
+
+    values=False leaves q and the owned cache rows zero (layout only): `kdtr bench` fills them
+    with fresh random values on the GPU, which is much faster for 100k-token prefixes.
+    """
     tlist = build_trees(spec)
     T, H, B, pg = spec.T, spec.H, spec.B, spec.page_size
     if any(t.T != T for t in tlist):
@@ -147,7 +151,8 @@ def build_problem(spec: CaseSpec) -> tuple[Problem, list[trees.Tree]]:
     dt = presets.dtype_of(spec.kv_dtype)
     key = spec.name
 
-    q = Stream(spec.seed, key, "q").normalish((B, T, H, DK)).astype(dt)  # [B, T, H, 576]
+    shape_q = (B, T, H, DK)
+    q = Stream(spec.seed, key, "q").normalish(shape_q, dtype=dt) if values else np.zeros(shape_q, dt)  # [B, T, H, 576]
 
     n_tok = [p + T for p in spec.prefix_lens]
     n_pages = [-(-n // pg) for n in n_tok]
@@ -163,9 +168,8 @@ def build_problem(spec: CaseSpec) -> tuple[Problem, list[trees.Tree]]:
         pages = perm[nxt : nxt + n_pages[b]]
         nxt += n_pages[b]
         table[b, : n_pages[b]] = pages
-        vals = Stream(spec.seed, key, "kv", b).normalish((n_tok[b], DK)).astype(dt)  # [P_b+T, 576]
-        flat = np.full((n_pages[b] * pg, DK), np.nan, dtype=dt)
-        flat[: n_tok[b]] = vals
+        flat = kv[pages].reshape(n_pages[b] * pg, DK)  # NaN; its first P_b + T rows get values
+        flat[: n_tok[b]] = Stream(spec.seed, key, "kv", b).normalish((n_tok[b], DK), dtype=dt) if values else 0
         kv[pages] = flat.reshape(n_pages[b], pg, DK)
 
     prob = Problem(

@@ -141,6 +141,65 @@ def verify(bundles, kernel_spec, repeat, json_file, atol, rtol, rel_norm, jobs):
     sys.exit(EXIT_FAIL if rep.failed else EXIT_OK)
 
 
+@main.group(invoke_without_command=True)
+@click.option("-k", "--kernel", "kernels", multiple=True, default=("flash",), show_default=True,
+              help="Kernel(s) to time: built-in name, file.cu:symbol or module:callable (repeatable).")
+@click.option("--baselines", default="eager,sdpa,flex", show_default=True,
+              help="Torch baselines side by side (comma list of eager, sdpa, flex; 'none' for none).")
+@click.option("--set", "sets", multiple=True, help="Named shape set(s): compute, memory.")
+@click.option("--suite", default=None, help="Time the cases of a suite (smoke, ci, long).")
+@click.option("--model", default=None, help="Grid: models, e.g. deepseek-v3,kimi-k2.")
+@click.option("--tp", default=None, help="Grid: tensor-parallel degrees, e.g. 8.")
+@click.option("--budget", default=None, help="Grid: budgets, e.g. 64,256 (0 = decode).")
+@click.option("--prefix", default=None, help="Grid: prefix lengths, e.g. 8k,32k,128k.")
+@click.option("--batch", default=None, help="Grid: batch sizes, e.g. 1,8.")
+@click.option("--page-size", type=int, default=64, show_default=True)
+@click.option("--kv-dtype", default="bf16", show_default=True)
+@click.option("--out-dtype", default=None)
+@click.option("--peaks", "peaks_only", is_flag=True, help="Measure (or show the cached) GPU peaks and stop.")
+@click.option("--remeasure", is_flag=True, help="Re-measure the peaks instead of using the cache.")
+@click.option("--no-check", is_flag=True, help="Skip the correctness gate before timing.")
+@click.option("--devices", type=int, default=1, show_default=True, help="Spread shapes over this many local GPUs.")
+@click.option("--json", "json_file", type=click.Path(dir_okay=False), help="Write the full results here.")
+@click.option("--csv", "csv_file", type=click.Path(dir_okay=False), help="Write one line per (shape, impl).")
+@click.option("--plot", "plot_file", type=click.Path(dir_okay=False), help="PNG: % of roofline vs prefix per budget.")
+@click.pass_context
+def bench(ctx, kernels, baselines, sets, suite, peaks_only, remeasure, no_check, devices, json_file, csv_file,
+          plot_file, **shape):
+    """Time kernels against the GPU's roofline and torch baselines (`kdtr bench compare A B` to diff runs)."""
+    if ctx.invoked_subcommand:
+        return
+    from kdtr import commands
+
+    peaks = commands.bench_peaks(remeasure)
+    if peaks_only:
+        _emit({k: v for k, v in peaks.items()}, False, lambda d: click.echo(json.dumps(d, indent=1)))
+        return
+    specs = commands.bench_specs(suite, sets, shape)
+    names = [] if baselines.strip() in ("", "none") else [b.strip() for b in baselines.split(",") if b.strip()]
+    data = commands.bench_run(specs, list(kernels), names, peaks, not no_check, devices)
+    if json_file:
+        from kdtr.bundle import atomic_write_bytes
+
+        atomic_write_bytes(json_file, (json.dumps(data, indent=1, default=str) + "\n").encode())
+    if csv_file:
+        commands.write_csv(csv_file, data)
+    if plot_file:
+        commands.write_plot(plot_file, data)
+    commands.render_bench(data)
+
+
+@bench.command("compare")
+@click.argument("old", type=str)
+@click.argument("new", type=str)
+@click.option("--json", "as_json", is_flag=True)
+def bench_compare(old, new, as_json):
+    """Per-shape change between two `kdtr bench --json` runs, flagged beyond the measured noise."""
+    from kdtr import commands
+
+    _emit(commands.bench_compare(old, new), as_json, commands.render_bench_compare)
+
+
 def _emit(data, as_json, render):
     if as_json:
         click.echo(json.dumps(data, indent=1, default=str))

@@ -15,13 +15,13 @@ from pathlib import Path
 import numpy as np
 
 from kdtr import abi, nvrtc
+from kdtr.compare import POISON_BF16_BITS, POISON_F32_BITS
 
 CTYPES = {"fp32": "float", "bf16": "__nv_bfloat16"}
 """kdtr dtype name -> the C++ type substituted for {kv} / {out} in a name expression."""
 DEFAULT_LAUNCH = (1, 128, 0, 1)
 """kdtr_launch when a .cu file defines none: {rows_per_block, threads, smem_bytes, num_splits}."""
 _STATIC_SMEM_LIMIT = 48 * 1024
-_BF16_NAN_BITS = 0x7FC0
 
 
 class GpuUnavailable(RuntimeError):
@@ -57,12 +57,22 @@ def gpu_available() -> bool:
         return False
 
 
+def gpu_unavailable_reason() -> str | None:
+    """Why there is no usable GPU here (one line), or None when there is one."""
+    try:
+        _cupy()
+        return None
+    except GpuUnavailable as e:
+        return str(e)
+
+
 def device_arch() -> str:
     """sm_XY of the current device."""
     cp = _cupy()
     return f"sm_{cp.cuda.Device().compute_capability}"
 
 
+@lru_cache(maxsize=1)
 def device_info() -> dict:
     """Name, arch, SM count, shared-memory opt-in, L2 size and CUDA versions of the current device."""
     cp = _cupy()
@@ -146,9 +156,46 @@ class DeviceProblem:
         self.lse = cp.empty((problem.B, problem.T, problem.H), np.float32)
 
     def poison(self) -> None:
-        """NaN everywhere, so that an element the kernel never writes is caught (UNWRITTEN)."""
-        self.out.fill(np.nan if self.out_dtype == "fp32" else _BF16_NAN_BITS)
-        self.lse.fill(np.nan)
+        """A signalling-NaN pattern everywhere, so an element never written is caught (UNWRITTEN).
+
+        Arithmetic never produces these bit patterns, so compare can tell "never written" from
+        "computed NaN".
+        """
+        if self.out_dtype == "fp32":
+            self.out.view(np.uint32).fill(POISON_F32_BITS)
+        else:
+            self.out.fill(POISON_BF16_BITS)
+        self.lse.view(np.uint32).fill(POISON_F32_BITS)
+
+    def randomize(self, seed: int) -> None:
+        """Fresh random q and owned cache rows drawn on the GPU (bench inputs; never zeros).
+
+        Unowned slots keep whatever the host layout had (NaN). The host Problem's q/kv_cache
+        become stale: ``download_inputs`` brings the drawn values back when a reference needs them.
+        """
+        cp = _cupy()
+        rs = cp.random.RandomState(seed)
+        pr = self.problem
+        self.q[...] = self._storage(rs.standard_normal(self.q.shape, dtype=cp.float32))
+        flat = self.kv_cache.reshape(-1, pr.kv_cache.shape[-1])
+        for b in range(pr.B):
+            slots = cp.asarray(pr.tokens(b))
+            flat[slots] = self._storage(rs.standard_normal((int(slots.size), flat.shape[1]), dtype=cp.float32))
+
+    def _storage(self, x32):
+        """fp32 device values -> this problem's storage bits (bf16 by round-to-nearest-even)."""
+        cp = _cupy()
+        if self.kv_cache.dtype == cp.float32:
+            return x32
+        u = x32.view(cp.uint32)
+        return ((u + cp.uint32(0x7FFF) + ((u >> 16) & cp.uint32(1))) >> 16).astype(cp.uint16)
+
+    def download_inputs(self):
+        """The host Problem with the device's current q and cache values."""
+        from dataclasses import replace
+
+        pr = self.problem
+        return replace(pr, q=self.q.get().view(pr.q.dtype), kv_cache=self.kv_cache.get().view(pr.kv_cache.dtype))
 
     def params(self, workspace_ptr: int = 0, num_splits: int = 1) -> np.void:
         pr = self.problem
@@ -193,11 +240,16 @@ def load_function(source_path, name_expression: str, arch: str | None = None, op
         _MODULES[compiled.key] = cp.RawModule(path=str(path))
     module = _MODULES[compiled.key]
     try:
-        ptr = module.get_global("kdtr_launch")
-        consts = tuple(int(x) for x in cp.ndarray((4,), cp.int32, ptr).get())
+        consts = read_global_ints(module, "kdtr_launch", 4)
     except Exception:  # no kdtr_launch in this file (CUDA_ERROR_NOT_FOUND)
         consts = DEFAULT_LAUNCH
     return Loaded(module.get_function(compiled.lowered[name_expression]), module, compiled, consts)
+
+
+def read_global_ints(module, name: str, n: int) -> tuple[int, ...]:
+    """The first n ints of an ``extern "C"`` __device__ / __constant__ array of a loaded module."""
+    cp = _cupy()
+    return tuple(int(x) for x in cp.ndarray((n,), cp.int32, module.get_global(name)).get())
 
 
 def _sync(cp, what: str) -> None:
@@ -205,6 +257,41 @@ def _sync(cp, what: str) -> None:
         cp.cuda.runtime.deviceSynchronize()
     except Exception as e:
         raise KernelRuntimeError(f"{what}: {e}") from e
+
+
+def make_launcher(dp: DeviceProblem, steps, workspace_bytes: int = 0, num_splits: int = 1):
+    """A zero-argument callable that enqueues ``steps`` [(Loaded, grid, block, smem_bytes)] with one
+    KdtrParams and one zero-filled workspace; no poison, no sync (what bench times)."""
+    cp = _cupy()
+    ws = cp.zeros(workspace_bytes, cp.uint8) if workspace_bytes else None
+    arg = abi.as_kernel_arg(dp.params(ws.data.ptr if ws is not None else 0, num_splits))
+    for loaded, _, _, smem in steps:
+        if smem > _STATIC_SMEM_LIMIT:
+            loaded.function.max_dynamic_shared_size_bytes = smem
+
+    def go():
+        for loaded, grid, block, smem in steps:
+            loaded.function(tuple(grid), tuple(block), (arg,), shared_mem=smem)
+
+    go.workspace = ws  # keeps the scratch alive as long as the launcher
+    return go
+
+
+def launch_kernels(name: str, dp: DeviceProblem, steps, workspace_bytes: int = 0, num_splits: int = 1) -> RunOutput:
+    """Poison dp's outputs, run ``steps`` in order, synchronize, download. ms spans all the steps."""
+    cp = _cupy()
+    go = make_launcher(dp, steps, workspace_bytes, num_splits)
+    dp.poison()
+    start, stop = cp.cuda.Event(), cp.cuda.Event()
+    try:
+        start.record()
+        go()
+        stop.record()
+    except Exception as e:
+        raise KernelRuntimeError(f"{name}: launch failed: {e}") from e
+    _sync(cp, name)
+    out, lse = dp.download()
+    return RunOutput(out, lse, float(cp.cuda.get_elapsed_time(start, stop)))
 
 
 class CudaKernel:
@@ -232,26 +319,19 @@ class CudaKernel:
     def run(self, problem, out_dtype: str) -> RunOutput:
         return self.run_on(DeviceProblem(problem, out_dtype))
 
+    def steps(self, dp: DeviceProblem):
+        """([(Loaded, grid, block, smem)], workspace_bytes, num_splits) for dp's shape."""
+        loaded = self.load(dp.problem.kv_dtype, dp.out_dtype)
+        g = self.geometry(dp.problem) if self.geometry else launch_from_constants(dp.problem, loaded.consts)
+        return [(loaded, g.grid, g.block, g.smem_bytes)], g.workspace_bytes, g.num_splits
+
     def run_on(self, dp: DeviceProblem) -> RunOutput:
         """Poison, launch once, synchronize, download (inputs already on the GPU)."""
-        cp = _cupy()
-        loaded = self.load(dp.problem.kv_dtype, dp.out_dtype)
-        launch = self.geometry(dp.problem) if self.geometry else launch_from_constants(dp.problem, loaded.consts)
-        if launch.smem_bytes > _STATIC_SMEM_LIMIT:
-            loaded.function.max_dynamic_shared_size_bytes = launch.smem_bytes
-        ws = cp.zeros(launch.workspace_bytes, cp.uint8) if launch.workspace_bytes else None
-        arg = abi.as_kernel_arg(dp.params(ws.data.ptr if ws is not None else 0, launch.num_splits))
-        dp.poison()
-        start, stop = cp.cuda.Event(), cp.cuda.Event()
-        try:
-            start.record()
-            loaded.function(launch.grid, launch.block, (arg,), shared_mem=launch.smem_bytes)
-            stop.record()
-        except Exception as e:
-            raise KernelRuntimeError(f"{self.name}: launch {launch} failed: {e}") from e
-        _sync(cp, self.name)
-        out, lse = dp.download()
-        return RunOutput(out, lse, float(cp.cuda.get_elapsed_time(start, stop)))
+        return launch_kernels(self.name, dp, *self.steps(dp))
+
+    def prepare(self, dp: DeviceProblem):
+        """A no-sync launcher on dp for timing."""
+        return make_launcher(dp, *self.steps(dp))
 
 
 class PyCallableKernel:
@@ -307,8 +387,79 @@ def _to_f32(x) -> np.ndarray:
     return a.astype(np.float32)
 
 
+# ---- timing (kdtr bench) ---------------------------------------------------------------------
+
+def time_launcher(fn, *, flush_bytes: int = 0, warmup_ms: float = 25.0, budget_ms: float = 1500.0,
+                  min_reps: int = 10, max_reps: int = 400, noise: float = 0.02) -> dict:
+    """Median and IQR of fn's device time by CUDA events (do_bench style).
+
+    Warm-up by time budget (module load and first-launch costs stay out); before every timed
+    repetition a buffer of ``flush_bytes`` (> 2x L2) is overwritten so each repetition starts
+    with a cold L2; repetitions go on until the IQR is under ``noise`` of the median (after
+    min_reps) or the time budget is spent.
+    """
+    import time as _time
+
+    cp = _cupy()
+    flush = cp.empty(max(flush_bytes, 0) // 4, cp.int32) if flush_bytes else None
+    t0 = _time.perf_counter()
+    n = 0
+    while n < 2 or (_time.perf_counter() - t0) * 1e3 < warmup_ms:
+        fn()
+        n += 1
+        cp.cuda.runtime.deviceSynchronize()
+    est_ms = (_time.perf_counter() - t0) * 1e3 / n
+    min_reps = max(3, min(min_reps, int(budget_ms / max(est_ms, 1e-3))))  # slow baselines: fewer reps
+    times: list[float] = []
+    t0 = _time.perf_counter()
+    while len(times) < max_reps:
+        if flush is not None:
+            flush.fill(len(times))
+        start, stop = cp.cuda.Event(), cp.cuda.Event()
+        start.record()
+        fn()
+        stop.record()
+        stop.synchronize()
+        times.append(float(cp.cuda.get_elapsed_time(start, stop)))
+        if len(times) >= min_reps:
+            q1, med, q3 = np.percentile(times, [25, 50, 75])
+            if (q3 - q1) <= noise * med or (_time.perf_counter() - t0) * 1e3 > budget_ms:
+                break
+    q1, med, q3 = np.percentile(times, [25, 50, 75])
+    return {"median_ms": float(med), "iqr_ms": float(q3 - q1), "reps": len(times), "min_ms": float(min(times))}
+
+
+def measure_peaks(copy_bytes: int = 2 << 30, gemm_n: int = 8192) -> dict:
+    """The two roofline ceilings of this GPU, measured now: a device-to-device copy (bytes read +
+    written) and a large bf16 GEMM on random data (torch when present, else cupy fp16, same rate)."""
+    cp = _cupy()
+    src = cp.random.random(copy_bytes // 4, dtype=cp.float32)
+    dst = cp.empty_like(src)
+    copy = time_launcher(lambda: cp.copyto(dst, src), budget_ms=1000)
+    gemm_tflops, how = None, ""
+    try:
+        import torch
+
+        a = torch.randn(gemm_n, gemm_n, device="cuda", dtype=torch.bfloat16)
+        b = torch.randn(gemm_n, gemm_n, device="cuda", dtype=torch.bfloat16)
+        g = time_launcher(lambda: torch.matmul(a, b), budget_ms=1500)
+        how = f"torch.matmul bf16 {gemm_n}^3"
+    except Exception:
+        a = cp.random.standard_normal((gemm_n, gemm_n), dtype=cp.float32).astype(cp.float16)
+        b = cp.random.standard_normal((gemm_n, gemm_n), dtype=cp.float32).astype(cp.float16)
+        g = time_launcher(lambda: cp.matmul(a, b), budget_ms=1500)
+        how = f"cupy.matmul fp16 {gemm_n}^3 (no torch)"
+    gemm_tflops = 2 * gemm_n**3 / (g["median_ms"] * 1e-3) / 1e12
+    info = device_info()
+    return {
+        "device": info["name"], "driver": info["driver_version"], "sm_count": info["sm_count"],
+        "copy_gbs": 2 * copy_bytes / (copy["median_ms"] * 1e-3) / 1e9, "gemm_tflops": gemm_tflops,
+        "copy": copy, "gemm": g, "gemm_method": how, "l2_bytes": info["l2_bytes"],
+    }
+
+
 __all__ = [
     "CTYPES", "CudaKernel", "DeviceProblem", "GpuUnavailable", "KernelRuntimeError", "Launch", "Loaded",
-    "PyCallableKernel", "RunOutput", "device_arch", "device_info", "gpu_available", "launch_from_constants",
-    "load_function",
+    "PyCallableKernel", "RunOutput", "device_arch", "device_info", "gpu_available", "gpu_unavailable_reason",
+    "launch_from_constants", "launch_kernels", "make_launcher", "measure_peaks", "time_launcher", "load_function", "read_global_ints",
 ]

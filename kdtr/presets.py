@@ -58,6 +58,11 @@ PAGE_SIZES = (1, 64)
 LONG_PREFIXES = (8192, 32768, 131072)
 DTYPES = ("fp32", "bf16")
 """Storage dtypes of q and the cache, and output dtypes."""
+BENCH_GRIDS = {
+    "compute": dict(models=("deepseek-v3",), tps=(8,), budgets=(64, 256, 512), prefixes=(8192, 32768, 131072), batches=(1, 8)),
+    "memory": dict(models=("kimi-k2",), tps=(8,), budgets=(0, 4, 8), prefixes=(32768, 131072), batches=(1, 32)),
+}
+"""Bench shape sets: DeepSeek TP8 trees (compute-bound) and Kimi TP8 short trees (memory-bound)."""
 TREE_FAMILIES = ("ddtree", "chain", "star", "root", "json")
 DDTREE_PROFILES = ("confident", "uncertain", "mixed")
 

@@ -11,6 +11,7 @@ import sys
 from typing import Iterable, Sequence
 
 from rich.console import Console
+from rich.markup import escape as _escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.tree import Tree as RichTree
@@ -18,21 +19,26 @@ from rich.tree import Tree as RichTree
 STATUS_STYLE = {
     "PASS": "bold green", "SKIPPED": "yellow", "FAIL_NUMERIC": "bold red", "NAN": "bold red",
     "UNWRITTEN": "bold red", "SHAPE": "bold red", "RACE": "bold magenta", "COMPILE_ERROR": "bold red",
-    "RUNTIME_ERROR": "bold red", "TIMEOUT": "bold red", "SANITIZER": "bold red", "SAME": "bold green",
+    "RUNTIME_ERROR": "bold red", "TIMEOUT": "bold red", "SANITIZER": "bold red", "SAME": "bold green", "faster": "bold green", "slower": "bold red", "same": "dim",
     "DIFFERS": "bold red",
 }
 
 _console = Console(highlight=False, soft_wrap=False, width=None if sys.stdout.isatty() else 200)
-_err = Console(stderr=True, highlight=False)
+_err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
 def console() -> Console:
     return _console
 
 
+def escape(text: str) -> str:
+    """User or compiler text shown verbatim (no [markup] interpretation)."""
+    return _escape(str(text))
+
+
 def error(message: str) -> None:
     """One line on stderr, no traceback."""
-    _err.print(f"[bold red]error:[/] {message}", markup=True, highlight=False)
+    _err.print(f"[bold red]error:[/] {escape(message)}", markup=True, highlight=False)
 
 
 def note(message: str) -> None:

@@ -14,6 +14,8 @@ import hashlib
 import numpy as np
 
 _TWO_M53 = 2.0**-53
+_CHUNK = 1 << 20
+"""Elements generated at a time (bounds the float64 temporaries)."""
 
 
 class Stream:
@@ -38,17 +40,24 @@ class Stream:
         u = (self.raw(n) >> np.uint64(11)).astype(np.float64) * _TWO_M53
         return u.reshape(shape)
 
-    def normalish(self, shape, std: float = 1.0) -> np.ndarray:
-        """Approximately normal values (Irwin-Hall sum of 4 uniforms, unit variance).
+    def normalish(self, shape, std: float = 1.0, dtype=np.float64) -> np.ndarray:
+        """Approximately normal values (Irwin-Hall sum of 4 uniforms, unit variance), cast to dtype.
 
         Bounded (|x| < 3.47 std) and exact: only adds and power-of-two multiplies, then one
-        multiply by ``std`` (correctly rounded on every IEEE machine).
+        multiply by sqrt(3) * std (correctly rounded on every IEEE machine). Element i uses raw
+        words 4i..4i+3, so the values do not depend on the chunking used to bound memory.
         """
         n = int(np.prod(shape, dtype=np.int64))
-        u = self.uniform((4, n))
-        x = (u[0] + u[1]) + (u[2] + u[3]) - 2.0  # mean 0, variance 4/12
-        x = x * np.sqrt(3.0)  # sqrt is correctly rounded by IEEE 754
-        return (x * std).reshape(shape)
+        out = np.empty(n, dtype=dtype)
+        for start in range(0, n, _CHUNK):
+            m = min(_CHUNK, n - start)
+            u = (self.raw(4 * m) >> np.uint64(11)).astype(np.float64).reshape(m, 4) * _TWO_M53
+            x = (u[:, 0] + u[:, 1]) + (u[:, 2] + u[:, 3]) - 2.0  # mean 0, variance 4/12
+            x = x * (np.sqrt(3.0) * std)
+            if out.dtype.itemsize < 4:  # bf16: via fp32, both steps IEEE round-to-nearest-even
+                x = x.astype(np.float32)
+            out[start : start + m] = x
+        return out.reshape(shape)
 
     def integers(self, n: int, high: int) -> np.ndarray:
         """n integers in [0, high), by exact 64-bit multiply-shift (bias below 2**-40)."""

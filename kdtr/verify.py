@@ -179,7 +179,8 @@ class VerifyReport:
 
     @property
     def failed(self) -> bool:
-        return any(r.status.failed for r in self.results)
+        """Any case failed, or none passed (a run that verified nothing is not a pass)."""
+        return any(r.status.failed for r in self.results) or not any(r.status.ok for r in self.results)
 
     def to_json(self) -> dict:
         return {

@@ -47,7 +47,7 @@ def test_inputs_are_pinned_across_versions():
     assert h.hexdigest() == PINNED
 
 
-PINNED = "1d857ef1febc4f8d94c807285ee83527c7cbef281a06859b7f19dbe89ded0405"
+PINNED = "b1820f0424a9902745d407f65cfe2b4421dc985fe1c79df9504968ffd404de49"
 
 
 def test_names_are_unique_and_parameter_derived():

@@ -1,0 +1,136 @@
+"""The flash kernel's launch plan and its two-launch run (cuda/flash_verify.cu).
+
+The plan is pure arithmetic on the shape and the SM count (testable without a GPU): the row
+tile (16, 32 or 64 rows), and the KV split count from a small cost model: waves of CTAs times
+the keys each CTA walks, plus the combine's traffic. Tile constants come from the compiled
+module (``kdtr_flash_config``), never restated here.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from kdtr.bugs import Bug
+
+SOURCE = Path(__file__).resolve().parent.parent / "cuda" / "flash_verify.cu"
+MAIN = "kdtr_flash_verify<{mt}, {out}, {bug}>"
+COMBINE = "kdtr_flash_combine<{out}>"
+CONFIG_FIELDS = ("BN", "STAGES", "MAX_T", "SMEM_MT1", "SMEM_MT2", "SMEM_MT4", "THREADS_MT1", "THREADS_MT2", "THREADS_MT4")
+
+NS_PER_KEY = 50.0
+"""Model: one CTA's time per key of a full tile (~max of MMA time and KV bytes at one SM's share)."""
+COMBINE_BYTES_PER_NS = 3000.0
+"""Model: partial out written and read back at ~3 TB/s."""
+LAUNCH_NS = 3000.0
+"""Model: the extra combine launch."""
+MIN_KEYS_PER_SPLIT = 64
+
+
+@dataclass(frozen=True)
+class FlashPlan:
+    """Launch geometry of one flash verify."""
+
+    mt: int
+    """m-tiles of 16 rows per CTA (1, 2 or 4)."""
+    row_tiles: int
+    """ceil(T * H / (16 * mt)) CTAs along x."""
+    splits: int
+    """KV splits per request (CTAs along y); > 1 adds the combine launch."""
+    B: int
+    """Requests (CTAs along z)."""
+
+    @property
+    def grid(self) -> tuple[int, int, int]:
+        return (self.row_tiles, self.splits, self.B)
+
+    def workspace_bytes(self, T: int, H: int) -> int:
+        """fp32 partial out [B, S, R, 512] + partial lse [B, S, R], when splits > 1."""
+        return 0 if self.splits == 1 else self.B * self.splits * T * H * (512 + 1) * 4
+
+
+def row_tile_m(rows: int) -> int:
+    return 1 if rows <= 16 else 2 if rows <= 32 else 4
+
+
+def choose_splits(prefix_max: int, base_ctas: int, rows: int, B: int, sm_count: int) -> int:
+    """Split count minimising waves * keys-per-CTA + combine traffic (1 CTA per SM)."""
+    if prefix_max <= MIN_KEYS_PER_SPLIT:
+        return 1
+    best, best_cost = 1, math.inf
+    for s in range(1, min(256, prefix_max // MIN_KEYS_PER_SPLIT) + 1):
+        waves = math.ceil(base_ctas * s / sm_count)
+        cost = waves * (prefix_max / s) * NS_PER_KEY
+        if s > 1:
+            cost += B * rows * 4096 * s * 2 / COMBINE_BYTES_PER_NS + LAUNCH_NS
+        if cost < best_cost - 1e-9:
+            best, best_cost = s, cost
+    return best
+
+
+def plan(B: int, T: int, H: int, prefix_max: int, sm_count: int, bug: int = 0) -> FlashPlan:
+    rows = T * H
+    mt = row_tile_m(rows)
+    row_tiles = math.ceil(rows / (16 * mt))
+    splits = choose_splits(prefix_max, row_tiles * B, rows, B, sm_count)
+    if bug == Bug.MERGE_WRONG_MAX:
+        splits = max(2, splits)  # the planted merge bug needs a merge
+    return FlashPlan(mt, row_tiles, splits, B)
+
+
+class FlashKernel:
+    """``flash``: bf16 tensor-core verify + LSE combine (bf16 storage; any page size; T <= MAX_T)."""
+
+    writes_lse = True
+
+    def __init__(self, name: str, caps, bug: int = 0):
+        self.name, self.caps, self.bug = name, caps, int(bug)
+        self._fns: dict[str, object] = {}
+        self._config: dict | None = None
+
+    def _load(self, expr: str):
+        from kdtr.launch import load_function
+
+        if expr not in self._fns:
+            self._fns[expr] = load_function(SOURCE, expr)
+        return self._fns[expr]
+
+    def config(self) -> dict:
+        """kdtr_flash_config of the compiled module: BN, STAGES, MAX_T, smem bytes per mt..."""
+        if self._config is None:
+            from kdtr.launch import read_global_ints
+
+            loaded = self._load(COMBINE.format(out="float"))
+            vals = read_global_ints(loaded.module, "kdtr_flash_config", len(CONFIG_FIELDS))
+            self._config = dict(zip(CONFIG_FIELDS, vals))
+        return self._config
+
+    def steps(self, dp):
+        """([(Loaded, grid, block, smem)], workspace_bytes, num_splits): main kernel (+ combine)."""
+        from kdtr.launch import CTYPES, device_info
+
+        pr = dp.problem
+        pl = plan(pr.B, pr.T, pr.H, int(pr.prefix_lens.max()), device_info()["sm_count"], self.bug)
+        out_t, cfg = CTYPES[dp.out_dtype], self.config()
+        block = (cfg[f"THREADS_MT{pl.mt}"], 1, 1)
+        steps = [(self._load(MAIN.format(mt=pl.mt, out=out_t, bug=self.bug)), pl.grid, block, cfg[f"SMEM_MT{pl.mt}"])]
+        if pl.splits > 1:
+            combine_grid = (math.ceil(pr.T * pr.H / 4), pr.B, 1)
+            steps.append((self._load(COMBINE.format(out=out_t)), combine_grid, (128, 1, 1), 0))
+        return steps, pl.workspace_bytes(pr.T, pr.H), pl.splits
+
+    def run(self, problem, out_dtype: str):
+        from kdtr.launch import DeviceProblem
+
+        return self.run_on(DeviceProblem(problem, out_dtype))
+
+    def run_on(self, dp):
+        from kdtr.launch import launch_kernels
+
+        return launch_kernels(self.name, dp, *self.steps(dp))
+
+    def prepare(self, dp):
+        from kdtr.launch import make_launcher
+
+        return make_launcher(dp, *self.steps(dp))

@@ -1,0 +1,212 @@
+"""The kernel registry: built-in kernels by name, user kernels by file or import path.
+
+A kernel spec is one of
+  * a built-in name: ``naive``, ``emulate-flash``, ``flash`` (when cuda/flash_verify.cu exists),
+    or ``<name>-bug=<slug>`` for each planted bug of kdtr/bugs.py (the name doubles as the test
+    id and the table label);
+  * ``path/to/file.cu:symbol``: a CUDA kernel taking ``const KdtrParams`` (contract in
+    cuda/kdtr_abi.h; ``{kv}`` / ``{out}`` in the symbol pick the dtypes);
+  * ``package.module:callable``: a Python callable on cupy arrays or torch tensors
+    (kdtr.launch.PyCallableKernel documents the signature).
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Protocol, runtime_checkable
+
+import numpy as np
+
+from kdtr import launch
+from kdtr.bugs import Bug
+from kdtr.launch import CTYPES, CudaKernel, PyCallableKernel, RunOutput
+from kdtr.nvrtc import CUDA_DIR
+from kdtr.presets import DTYPES
+
+
+class KernelSpecError(ValueError):
+    """A kernel spec that names nothing runnable (one-line message)."""
+
+
+@dataclass(frozen=True)
+class Caps:
+    """What a kernel takes; anything else is SKIPPED with ``why_not``'s reason."""
+
+    kv_dtypes: tuple[str, ...] = DTYPES
+    """Storage dtypes of q and the cache it reads."""
+    out_dtypes: tuple[str, ...] = DTYPES
+    """Output dtypes it writes."""
+    page_sizes: tuple[int, ...] | None = None
+    """Cache page sizes it takes (None: any)."""
+    max_T: int | None = None
+    """Most tree nodes per request (None: any)."""
+    max_H: int | None = None
+    """Most query heads (None: any)."""
+    needs_gpu: bool = True
+    """Runs on a CUDA device through cupy (SKIPPED where there is none)."""
+
+    def why_not(self, problem, out_dtype: str) -> str | None:
+        """Why this kernel cannot run ``problem`` with ``out_dtype``; None when it can."""
+        if problem.kv_dtype not in self.kv_dtypes:
+            return f"storage dtype {problem.kv_dtype} not supported (takes {', '.join(self.kv_dtypes)})"
+        if out_dtype not in self.out_dtypes:
+            return f"output dtype {out_dtype} not supported (writes {', '.join(self.out_dtypes)})"
+        if self.page_sizes is not None and problem.page_size not in self.page_sizes:
+            return f"page size {problem.page_size} not supported (takes {', '.join(map(str, self.page_sizes))})"
+        if self.max_T is not None and problem.T > self.max_T:
+            return f"T={problem.T} nodes exceeds max_T={self.max_T}"
+        if self.max_H is not None and problem.H > self.max_H:
+            return f"H={problem.H} heads exceeds max_H={self.max_H}"
+        if self.needs_gpu and not launch.gpu_available():
+            return "needs a CUDA GPU and cupy; none available here"
+        return None
+
+
+@runtime_checkable
+class Kernel(Protocol):
+    """What verify and bench need from a kernel."""
+
+    name: str
+    caps: Caps
+    writes_lse: bool
+
+    def run(self, problem, out_dtype: str) -> RunOutput: ...
+
+
+class EmulateKernel:
+    """The CPU flash emulation (kdtr.emulate): the bf16 tiled algorithm in numpy, GPU-free for CI."""
+
+    writes_lse = True
+    CAPS = Caps(kv_dtypes=("bf16",), needs_gpu=False)
+    """It emulates a bf16 tensor-core kernel: bf16 storage only, like the kernel it mirrors."""
+
+    def __init__(self, name: str, bug: Bug = Bug.NONE):
+        self.name, self.bug, self.caps = name, Bug(bug), self.CAPS
+
+    def run(self, problem, out_dtype: str) -> RunOutput:
+        from kdtr.emulate import emulate_flash  # written separately; imported on first use
+
+        t0 = time.perf_counter()
+        out, lse = emulate_flash(problem, out_dtype, bug=self.bug)
+        ms = (time.perf_counter() - t0) * 1e3
+        return RunOutput(np.asarray(out, np.float32), np.asarray(lse, np.float32), ms)
+
+
+# ---- built-ins ---------------------------------------------------------------------------------
+
+NAIVE_SOURCE = CUDA_DIR / "naive_verify.cu"
+NAIVE_TEMPLATE = "kdtr_naive_verify<{kv}, {out}, {bug}>"
+
+# The fast kernel: cuda/flash_verify.cu, its launch plan and two launches in kdtr/flash.py
+# (FlashKernel). Registered once the .cu file exists.
+FLASH_SOURCE = CUDA_DIR / "flash_verify.cu"
+FLASH_CAPS = Caps(kv_dtypes=("bf16",), max_T=1280)
+"""bf16 storage only (tensor cores); any page size; T up to the kernel's MAX_T (a test keeps them equal)."""
+FLASH_MTS = (1, 2, 4)
+"""Row tiles (m-tiles of 16 rows) kdtr.flash.row_tile_m picks: each is an instantiation."""
+
+
+def _flash(name: str, bug: Bug) -> Kernel:
+    from kdtr.flash import FlashKernel
+
+    return FlashKernel(name, FLASH_CAPS, bug)
+
+
+BASES = ("naive", "emulate-flash", "flash")
+
+
+def variant_name(base: str, bug: Bug) -> str:
+    """``base`` for the correct kernel, ``base-bug=<slug>`` for a planted bug."""
+    return base if bug is Bug.NONE else f"{base}-bug={bug.slug}"
+
+
+def _registry() -> dict[str, Callable[[], Kernel]]:
+    reg: dict[str, Callable[[], Kernel]] = {}
+    for base in BASES:
+        for bug in Bug:
+            name = variant_name(base, bug)
+            if base == "naive":
+                reg[name] = lambda n=name, b=bug: CudaKernel(n, NAIVE_SOURCE, NAIVE_TEMPLATE, None, b, Caps())
+            elif base == "emulate-flash":
+                reg[name] = lambda n=name, b=bug: EmulateKernel(n, b)
+            elif FLASH_SOURCE.is_file():
+                reg[name] = lambda n=name, b=bug: _flash(n, b)
+    return reg
+
+
+def builtin_names() -> list[str]:
+    return list(_registry())
+
+
+def compile_targets() -> list[tuple[Path, list[str]]]:
+    """(source, every name expression) of each built-in CUDA kernel: what CI compiles."""
+    naive = [NAIVE_TEMPLATE.format(kv=CTYPES[kv], out=CTYPES[o], bug=int(b)) for kv in DTYPES for o in DTYPES for b in Bug]
+    targets = [(NAIVE_SOURCE, naive)]
+    if FLASH_SOURCE.is_file():
+        from kdtr import flash
+
+        exprs = [flash.MAIN.format(mt=mt, out=CTYPES[o], bug=int(b)) for mt in FLASH_MTS for o in DTYPES for b in Bug]
+        targets.append((FLASH_SOURCE, exprs + [flash.COMBINE.format(out=CTYPES[o]) for o in DTYPES]))
+    return targets
+
+
+# ---- resolving a spec --------------------------------------------------------------------------
+
+_CUDA_SPEC = re.compile(r"(?P<path>.+\.(?:cu|cuh))(?::(?P<symbol>.*))?")
+_PY_SPEC = re.compile(r"(?P<module>[A-Za-z_][\w.]*):(?P<attr>[A-Za-z_][\w.]*)")
+
+
+def resolve_kernel(spec: str) -> Kernel:
+    """The kernel a spec names; KernelSpecError (one line) when it names nothing runnable."""
+    spec = spec.strip()
+    reg = _registry()
+    if spec in reg:
+        return reg[spec]()
+    if m := re.fullmatch(r"(?P<base>[\w-]+?)-bug=(?P<bug>.+)", spec):
+        if m["base"] in BASES and variant_name(m["base"], Bug.NONE) in reg:
+            try:
+                return reg[variant_name(m["base"], Bug.parse(m["bug"]))]()
+            except ValueError as e:
+                raise KernelSpecError(f"{spec}: {e}") from None
+    if m := _CUDA_SPEC.fullmatch(spec):
+        path, symbol = Path(m["path"]), (m["symbol"] or "").strip()
+        if not path.is_file():
+            raise KernelSpecError(f"{spec}: no such CUDA file {str(path)!r}")
+        if not symbol:
+            raise KernelSpecError(f"{spec}: name the kernel, e.g. {path}:my_verify or {path}:my_verify<{{kv}}, {{out}}>")
+        return CudaKernel(spec, path, symbol, None, Bug.NONE, Caps())
+    if m := _PY_SPEC.fullmatch(spec):
+        return _python_kernel(spec, m["module"], m["attr"])
+    hint = difflib.get_close_matches(spec, reg, n=1)
+    bases = [b for b in BASES if b in reg]
+    raise KernelSpecError(
+        f"unknown kernel {spec!r}" + (f" (did you mean {hint[0]!r}?)" if hint else "")
+        + f"; known: {', '.join(bases)}, each also as NAME-bug=BUG with BUG one of "
+        + f"{', '.join(b.slug for b in Bug if b is not Bug.NONE)}; or FILE.cu:SYMBOL, or MODULE:CALLABLE"
+    )
+
+
+def _python_kernel(spec: str, module_name: str, attr: str) -> Kernel:
+    try:
+        obj = importlib.import_module(module_name)
+    except Exception as e:  # ImportError, or anything the module raises while importing
+        msg = " ".join(str(e).split()) or type(e).__name__
+        raise KernelSpecError(f"{spec}: cannot import module {module_name!r}: {msg}") from None
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise KernelSpecError(f"{spec}: module {module_name!r} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise KernelSpecError(f"{spec}: {attr!r} is a {type(obj).__name__}, not a callable")
+    return PyCallableKernel(obj, spec, caps=Caps())
+
+
+__all__ = [
+    "BASES", "Caps", "EmulateKernel", "Kernel", "KernelSpecError", "builtin_names", "compile_targets",
+    "resolve_kernel", "variant_name",
+]

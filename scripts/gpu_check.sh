@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# gpu_check.sh -- everything kdtr needs a GPU for, in one call (the lent H200 has ~30 min a session).
+#
+#   bash scripts/gpu_check.sh [check|long|bench|all]...   (default: check)
+#
+#   check : GPU pytest (naive kernel grid, built-ins on ci with --repeat 3, every planted bug)
+#           + `kdtr verify` tables for naive and flash on ci
+#   long  : generate the long suite (CPU reference, -j 8) and verify naive + flash on it
+#   bench : peaks + the compute and memory shape sets with torch baselines (JSON, CSV, plot)
+#   quick : flash + naive timings on a few shapes, no baselines
+#
+# Logs and results go to $OUT (default ./out/gpu); a short summary table is printed last.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-out/gpu}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 KDTR_CACHE_DIR=${KDTR_CACHE_DIR:-$PWD/.kdtr-cache}
+python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 || export PYTHONPATH=$PWD
+KDTR="python3 -m kdtr.cli"
+SUMMARY="$OUT/summary.txt"
+: >"$SUMMARY"
+note() { echo "$*" | tee -a "$SUMMARY"; }
+
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader >>"$SUMMARY" 2>&1
+
+stage() {  # stage NAME CMD...: run, log, record rc and seconds
+  local name=$1; shift
+  local t0=$SECONDS
+  "$@" >"$OUT/$name.log" 2>&1
+  local rc=$?
+  note "$(printf '%-28s rc=%-3s %5ss' "$name" "$rc" "$((SECONDS - t0))")"
+  return $rc
+}
+
+for mode in "${@:-check}"; do
+  case "$mode" in
+    check)
+      stage pytest_gpu timeout 420 python3 -m pytest -q -m gpu -x -p no:cacheprovider tests/test_gpu_naive.py tests/test_gpu_verify.py
+      tail -n 25 "$OUT/pytest_gpu.log" >>"$SUMMARY"
+      stage verify_naive_ci $KDTR verify -k naive ci --repeat 3 --json "$OUT/verify_naive_ci.json"
+      stage verify_flash_ci $KDTR verify -k flash ci --repeat 3 --json "$OUT/verify_flash_ci.json"
+      tail -n 22 "$OUT/verify_flash_ci.log" >>"$SUMMARY"
+      ;;
+    long)
+      stage gen_long $KDTR gen --suite long -j 8 --out "$KDTR_CACHE_DIR/suites/long"
+      stage verify_naive_long $KDTR verify -k naive long --json "$OUT/verify_naive_long.json"
+      stage verify_flash_long $KDTR verify -k flash long --repeat 3 --json "$OUT/verify_flash_long.json"
+      tail -n 14 "$OUT/verify_naive_long.log" "$OUT/verify_flash_long.log" >>"$SUMMARY"
+      ;;
+    quick)
+      stage bench_quick $KDTR bench -k flash -k naive --baselines eager --model deepseek-v3 --tp 8 --budget 64,256 \
+        --prefix 8k,32k --batch 1 --json "$OUT/bench_quick.json"
+      stage bench_quick_mem $KDTR bench -k flash --baselines none --model kimi-k2 --tp 8 --budget 0,4,8 \
+        --prefix 32k --batch 1,32 --json "$OUT/bench_quick_mem.json"
+      tail -n 30 "$OUT/bench_quick.log" "$OUT/bench_quick_mem.log" >>"$SUMMARY"
+      ;;
+    bench)
+      stage bench_peaks $KDTR bench --peaks --remeasure
+      stage bench_sweep $KDTR bench -k flash --set compute --set memory --json "$OUT/bench.json" \
+        --csv "$OUT/bench.csv" --plot "$OUT/bench.png"
+      tail -n 80 "$OUT/bench_sweep.log" >>"$SUMMARY"
+      ;;
+    *) note "unknown mode $mode"; exit 2 ;;
+  esac
+done
+echo "==================== summary ===================="
+cat "$SUMMARY"

@@ -1,0 +1,135 @@
+"""Every built-in CUDA kernel variant compiles through NVRTC for sm_80 / sm_90 / sm_120.
+
+No GPU needed: NVRTC from pip compiles for any arch. Fails on any error or warning, on any
+local-memory spill and on stack-frame growth; skipped only where NVRTC itself is unavailable.
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from kdtr import kernels, nvrtc
+
+needs_nvrtc = pytest.mark.skipif(not nvrtc.available(), reason="NVRTC + CUDA headers not installed (pip install kdtr[nvrtc])")
+
+ARCHS = ("sm_80", "sm_90", "sm_120")
+ALLOWED_WARNINGS: tuple[str, ...] = ()
+"""Substrings of compiler warnings tolerated, each with a comment saying why (none today)."""
+MAX_STACK_FRAME = {"kdtr_naive_verify": 0}
+"""Measured stack frame per kernel family (bytes): growth means local memory crept in."""
+
+
+TARGETS = [(src, names) for src, names in kernels.compile_targets()]
+
+
+@pytest.fixture(scope="module")
+def compiled():  # only requested by @needs_nvrtc tests
+    """(source, names, arch) -> Compiled: every target compiled once, in parallel threads (NVRTC
+    is thread-safe and ctypes drops the GIL), bypassing the disk cache. Errors surface per test."""
+    jobs = [(src, names, arch) for src, names in TARGETS for arch in ARCHS]
+
+    def build(job):
+        try:
+            return nvrtc.compile_file(job[0], job[1], job[2], cache=False)
+        except nvrtc.CompileError as e:
+            return e
+
+    with ThreadPoolExecutor(max_workers=min(len(jobs), os.cpu_count() or 1)) as pool:
+        done = dict(zip([(str(s), a) for s, _, a in jobs], pool.map(build, jobs)))
+
+    def get(src, names, arch):
+        result = done[(str(src), arch)]
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    return get
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("src,names", TARGETS, ids=[t[0].name for t in TARGETS])
+def test_compiles_without_warnings(compiled, src, names, arch):
+    c = compiled(src, names, arch)
+    assert set(c.lowered) == set(names)
+    assert len(c.cubin) > 0 and c.cubin[:4] == b"\x7fELF"
+    bad = [w for w in c.warnings if not any(a in w for a in ALLOWED_WARNINGS)]
+    assert not bad, "compiler warnings:\n" + "\n".join(bad)
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("src,names", TARGETS, ids=[t[0].name for t in TARGETS])
+def test_no_spills_no_stack_growth(compiled, src, names, arch):
+    c = compiled(src, names, arch)
+    for ne in names:
+        r = c.resource(ne)
+        assert r.registers > 0, f"{ne}: no ptxas report parsed"
+        assert r.spill_stores == 0 and r.spill_loads == 0, f"{ne} on {arch} spills: {r}"
+        family = ne.split("<")[0]
+        assert r.stack_frame <= MAX_STACK_FRAME.get(family, 0), f"{ne} on {arch}: stack frame {r.stack_frame} B"
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("arch", ARCHS)
+def test_kdtr_launch_constant_is_in_the_cubin(compiled, arch):
+    src, names = kernels.compile_targets()[0]
+    assert b"kdtr_launch" in compiled(src, names, arch).cubin
+
+
+@needs_nvrtc
+def test_broken_source_gives_the_compilers_error_line():
+    src = '#include "kdtr_abi.h"\n__global__ void k(const KdtrParams p) {\n  undefined_thing(p);\n}\n'
+    with pytest.raises(nvrtc.CompileError) as info:
+        nvrtc.compile_cuda(src, ["k"], "sm_90", name="broken.cu", cache=False)
+    text = str(info.value)
+    assert "broken.cu(3)" in text and "error" in text and "undefined_thing" in text
+    assert "Traceback" not in text
+    assert info.value.errors and all("error" in e for e in info.value.errors)
+
+
+@needs_nvrtc
+def test_warnings_are_reported():
+    """The no-warning check above is not vacuous: an unused variable is reported."""
+    src = "__global__ void k(int* x) {\n  int unused_local = 3;\n  x[0] = 1;\n}\n"
+    c = nvrtc.compile_cuda(src, ["k"], "sm_90", name="warn.cu", cache=False)
+    assert any("unused_local" in w for w in c.warnings), c.log
+
+
+@needs_nvrtc
+def test_cache_round_trip(tmp_path, monkeypatch):
+    monkeypatch.setenv("KDTR_CACHE_DIR", str(tmp_path))
+    src = '#include "kdtr_abi.h"\n__global__ void k(const KdtrParams p) { p.lse[0] = p.scale; }\n'
+    first = nvrtc.compile_cuda(src, ["k"], "sm_80")
+    again = nvrtc.compile_cuda(src, ["k"], "sm_80")
+    assert not first.from_cache and again.from_cache
+    assert first.path == again.path and first.path.parent == tmp_path / "cubin"
+    assert again.cubin == first.cubin and again.lowered == first.lowered
+    assert again.resource("k") == first.resource("k")
+    other = nvrtc.compile_cuda(src, ["k"], "sm_90")  # another arch: another entry
+    assert other.key != first.key
+
+
+def test_parse_resources():
+    log = (
+        "ptxas info    : Compiling entry function '_Z1kv' for 'sm_90'\n"
+        "ptxas info    : Function properties for _Z1kv\n"
+        "ptxas         .     24 bytes stack frame, 8 bytes spill stores, 4 bytes spill loads\n"
+        "ptxas info    : Used 40 registers, used 1 barriers, 1024 bytes smem, 392 bytes cmem[0]\n"
+    )
+    r = nvrtc.parse_resources(log)["_Z1kv"]
+    assert (r.registers, r.barriers, r.shared_bytes, r.stack_frame, r.spill_stores, r.spill_loads) == (40, 1, 1024, 24, 8, 4)
+
+
+def test_missing_nvrtc_names_the_pip_package(monkeypatch):
+    monkeypatch.setattr(nvrtc, "_candidates", lambda: [("/nonexistent/libnvrtc.so.13", None)])
+    nvrtc._load.cache_clear()
+    try:
+        assert not nvrtc.available()
+        with pytest.raises(nvrtc.NvrtcUnavailable, match="nvidia-cuda-nvrtc"):
+            nvrtc.compile_cuda("__global__ void k() {}", ["k"], cache=False)
+    finally:
+        nvrtc._load.cache_clear()

@@ -1,0 +1,52 @@
+"""On a GPU: the built-in CUDA kernels pass the goldens, repeat bit-identically, and every planted
+bug fails. `make test-gpu` runs these; the long suite needs KDTR_LONG=1 (its reference takes
+minutes on a CPU)."""
+
+import os
+
+import pytest
+
+from kdtr.bugs import PLANTED, Bug
+from kdtr.compare import Status
+from kdtr.kernels import resolve_kernel, variant_name
+from kdtr.launch import gpu_available
+from kdtr.verify import find_bundles, run_verify
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU and cupy")]
+KERNELS = ("naive", "flash")
+
+
+@pytest.fixture(scope="module")
+def ci_paths():
+    return find_bundles(["ci"])
+
+
+def _describe(rep):
+    return [(r.case, r.status.value, r.message) for r in rep.results if r.status is not Status.PASS]
+
+
+@pytest.mark.parametrize("name", KERNELS)
+def test_builtin_kernel_passes_ci_and_repeats_bit_identically(ci_paths, name):
+    rep = run_verify(resolve_kernel(name), ci_paths, repeat=3)
+    assert not rep.failed, _describe(rep)
+    passed = [r for r in rep.results if r.status is Status.PASS]
+    skipped = [r for r in rep.results if r.status is Status.SKIPPED]
+    assert all(r.shape["kv"] == "fp32" for r in skipped), _describe(rep)  # flash takes bf16 only
+    assert len(passed) >= 10
+
+
+@pytest.mark.parametrize("bug", PLANTED, ids=lambda b: b.slug)
+@pytest.mark.parametrize("name", KERNELS)
+def test_planted_bug_fails_ci(ci_paths, name, bug: Bug):
+    rep = run_verify(resolve_kernel(variant_name(name, bug)), ci_paths)
+    failed = [r for r in rep.results if r.status.failed]
+    assert failed, f"{name} with {bug.slug} passed the ci suite"
+    assert all(r.status in (Status.FAIL_NUMERIC, Status.NAN) for r in failed), _describe(rep)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.environ.get("KDTR_LONG"), reason="set KDTR_LONG=1 (generates the long suite)")
+@pytest.mark.parametrize("name", KERNELS)
+def test_builtin_kernel_passes_long(name):
+    rep = run_verify(resolve_kernel(name), find_bundles(["long"], jobs=max(1, (os.cpu_count() or 2) // 2)))
+    assert not rep.failed, _describe(rep)

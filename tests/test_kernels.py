@@ -1,0 +1,186 @@
+"""The kernel registry on a CPU: names, specs, capability reasons, the launcher's import guard."""
+
+from __future__ import annotations
+
+import sys
+import types
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from kdtr import kernels, launch
+from kdtr.bugs import PLANTED, Bug
+from kdtr.kernels import Caps, KernelSpecError, resolve_kernel
+from kdtr.presets import DK
+from kdtr.problem import Problem, mask_words
+
+
+def tiny_problem(T=3, H=2, page_size=64, dtype=np.float32, P=5) -> Problem:
+    """Shapes only (zeros); enough for capability checks."""
+    n_pages = -(-(P + T) // page_size)
+    return Problem(
+        q=np.zeros((1, T, H, DK), dtype), kv_cache=np.zeros((n_pages, page_size, DK), dtype),
+        block_table=np.arange(n_pages, dtype=np.int32)[None], prefix_lens=np.array([P], np.int32),
+        tree_parent=np.arange(-1, T - 1, dtype=np.int32)[None], tree_depth=np.arange(T, dtype=np.int32)[None],
+        tree_mask=np.zeros((1, T, mask_words(T)), np.uint32), scale=0.1352,
+    )
+
+
+def test_builtin_names_cover_every_bug():
+    names = kernels.builtin_names()
+    for base in ("naive", "emulate-flash"):
+        assert base in names
+        for bug in PLANTED:
+            assert f"{base}-bug={bug.slug}" in names
+    assert len(set(names)) == len(names)
+
+
+@pytest.mark.parametrize("name", ["naive", "naive-bug=no-rope", "emulate-flash", "emulate-flash-bug=merge-wrong-max"])
+def test_builtins_resolve(name):
+    k = resolve_kernel(name)
+    assert isinstance(k, kernels.Kernel) and k.name == name and k.writes_lse
+    if "bug=" in name:
+        assert int(k.bug) == int(Bug.parse(name.split("bug=")[1]))
+
+
+def test_bug_aliases_resolve_to_the_canonical_name():
+    assert resolve_kernel("naive-bug=6").name == "naive-bug=merge-wrong-max"
+    assert resolve_kernel("naive-bug=NO_ROPE").name == "naive-bug=no-rope"
+
+
+def one_line(e) -> str:
+    text = str(e.value)
+    assert "\n" not in text
+    return text
+
+
+def test_unknown_name_lists_known_ones():
+    with pytest.raises(KernelSpecError) as e:
+        resolve_kernel("flashy")
+    text = one_line(e)
+    assert "unknown kernel 'flashy'" in text and "naive," in text and "emulate-flash" in text
+    assert all(b.slug in text for b in PLANTED) and "NAME-bug=BUG" in text
+    with pytest.raises(KernelSpecError) as e:
+        resolve_kernel("naiv")
+    assert "did you mean 'naive'" in one_line(e)
+
+
+def test_unknown_bug_lists_bugs():
+    with pytest.raises(KernelSpecError) as e:
+        resolve_kernel("naive-bug=typo")
+    assert "page-off-by-one" in one_line(e)
+
+
+def test_cuda_file_specs(tmp_path):
+    with pytest.raises(KernelSpecError) as e:
+        resolve_kernel(str(tmp_path / "missing.cu") + ":my_kernel")
+    assert "no such CUDA file" in one_line(e)
+    src = tmp_path / "mine.cu"
+    src.write_text("// empty\n")
+    with pytest.raises(KernelSpecError) as e:
+        resolve_kernel(str(src))
+    assert "name the kernel" in one_line(e)
+    k = resolve_kernel(f"{src}:my_verify<{{kv}}, {{out}}, 8>")
+    assert k.name_expression("bf16", "fp32") == "my_verify<__nv_bfloat16, float, 8>"
+    assert k.geometry is None  # the file's kdtr_launch (or the default) decides
+
+
+def test_python_specs(monkeypatch):
+    with pytest.raises(KernelSpecError) as e:
+        resolve_kernel("kdtr_no_such_module_xyz:verify")
+    assert "cannot import module" in one_line(e)
+    with pytest.raises(KernelSpecError) as e:
+        resolve_kernel("json:no_such_function")
+    assert "has no attribute" in one_line(e)
+    with pytest.raises(KernelSpecError) as e:
+        resolve_kernel("json:__doc__")
+    assert "not a callable" in one_line(e)
+
+    def verify(*args, **kw):  # never called here
+        raise AssertionError
+
+    verify.kdtr_framework = "torch"
+    verify.kdtr_caps = Caps(kv_dtypes=("bf16",))
+    monkeypatch.setitem(sys.modules, "kdtr_fake_user_mod", types.SimpleNamespace(verify=verify))
+    k = resolve_kernel("kdtr_fake_user_mod:verify")
+    assert isinstance(k, launch.PyCallableKernel) and k.framework == "torch" and k.caps.kv_dtypes == ("bf16",)
+
+
+def test_caps_why_not(monkeypatch):
+    monkeypatch.setattr(launch, "gpu_available", lambda: True)
+    pr = tiny_problem(T=5, H=4, page_size=1)
+    assert Caps().why_not(pr, "fp32") is None
+    assert "storage dtype fp32" in Caps(kv_dtypes=("bf16",)).why_not(pr, "fp32")
+    assert "output dtype fp32" in Caps(out_dtypes=("bf16",)).why_not(pr, "fp32")
+    assert "page size 1" in Caps(page_sizes=(64,)).why_not(pr, "fp32")
+    assert "T=5" in Caps(max_T=4).why_not(pr, "fp32")
+    assert "H=4" in Caps(max_H=2).why_not(pr, "fp32")
+    monkeypatch.setattr(launch, "gpu_available", lambda: False)
+    assert "GPU" in Caps().why_not(pr, "fp32")
+    assert Caps(needs_gpu=False).why_not(pr, "fp32") is None
+
+
+def test_naive_takes_everything_but_needs_a_gpu(monkeypatch):
+    naive = resolve_kernel("naive")
+    pr = tiny_problem(page_size=1, dtype=np.float32)
+    monkeypatch.setattr(launch, "gpu_available", lambda: True)
+    assert naive.caps.why_not(pr, "bf16") is None
+    monkeypatch.setattr(launch, "gpu_available", lambda: False)
+    assert "GPU" in naive.caps.why_not(pr, "fp32")
+    emu = resolve_kernel("emulate-flash").caps
+    assert "storage dtype fp32" in emu.why_not(pr, "fp32")  # it emulates a bf16 kernel
+    assert emu.why_not(tiny_problem(dtype=ml_dtypes.bfloat16), "fp32") is None
+
+
+def test_compile_targets_cover_every_variant():
+    (src, names), *rest = kernels.compile_targets()
+    assert src.name == "naive_verify.cu" and src.is_file()
+    assert len(names) == 2 * 2 * len(Bug) and len(set(names)) == len(names)
+    for bug in Bug:
+        assert f"kdtr_naive_verify<__nv_bfloat16, float, {int(bug)}>" in names
+    assert all(s.name == "flash_verify.cu" for s, _ in rest)
+
+
+def test_emulate_kernel_calls_emulate_flash(monkeypatch):
+    seen = {}
+
+    def emulate_flash(problem, out_dtype, bug=Bug.NONE):
+        seen.update(out_dtype=out_dtype, bug=bug)
+        return np.zeros(problem.out_shape(), np.float64), np.ones((problem.B, problem.T, problem.H))
+
+    monkeypatch.setitem(sys.modules, "kdtr.emulate", types.SimpleNamespace(emulate_flash=emulate_flash))
+    res = resolve_kernel("emulate-flash-bug=scale-off").run(tiny_problem(), "bf16")
+    assert seen == {"out_dtype": "bf16", "bug": Bug.SCALE_OFF}
+    assert res.out.dtype == np.float32 and res.lse.dtype == np.float32 and res.ms >= 0
+
+
+def test_launch_imports_without_cupy_and_fails_in_one_line(monkeypatch):
+    monkeypatch.setitem(sys.modules, "cupy", None)  # import cupy -> ImportError
+    launch.gpu_available.cache_clear()
+    try:
+        assert launch.gpu_available() is False
+        with pytest.raises(launch.GpuUnavailable) as e:
+            launch.DeviceProblem(tiny_problem(), "fp32")
+        assert "\n" not in str(e.value) and "cupy" in str(e.value)
+    finally:
+        launch.gpu_available.cache_clear()
+
+
+def test_launch_from_constants_follows_the_abi_contract():
+    pr = tiny_problem(T=5, H=3)
+    g = launch.launch_from_constants(pr, launch.DEFAULT_LAUNCH)
+    assert g.grid == (15, 1, 1) and g.block == (128, 1, 1) and g.smem_bytes == 0 and g.workspace_bytes == 0
+    g = launch.launch_from_constants(pr, (4, 256, 70000, 3))
+    assert g.grid == (4, 1, 3) and g.num_splits == 3 and g.workspace_bytes == 3 * 15 * 514 * 4 + 15 * 4
+    with pytest.raises(launch.KernelRuntimeError):
+        launch.launch_from_constants(pr, (0, 128, 0, 1))
+
+
+def test_flash_caps_max_t_matches_the_kernel_source():
+    import re
+
+    from kdtr.kernels import FLASH_CAPS, FLASH_SOURCE
+
+    m = re.search(r"constexpr int MAX_T = (\d+);", FLASH_SOURCE.read_text())
+    assert m and int(m.group(1)) == FLASH_CAPS.max_T
