@@ -66,6 +66,7 @@ struct Tile {
   static constexpr int NT_O = 64 / NWARPS;           // output n-tiles (8 columns) per warp
   static constexpr int TPR = NTHREADS / BM;          // softmax threads per row (8 or 4)
   static constexpr int EPT = BN / TPR;               // softmax keys per thread (2 or 4)
+  static constexpr int SCH = MT == 1 ? 2 : 1;        // S accumulator chains (registers allow 2 only at 16 rows)
 };
 
 template <int MT>
@@ -83,11 +84,13 @@ struct Smem {                                   // byte offsets into dynamic sha
 
 }  // namespace flash
 
+constexpr int COMBINE_WARPS = 8;  // warps of the combine kernel (one CTA per row)
+
 // Read by kdtr/flash.py (module.get_global) so the launcher never restates these numbers.
 extern "C" __constant__ int kdtr_flash_config[10] = {
     flash::BN, flash::STAGES, flash::MAX_T,
     flash::Smem<1>::bytes, flash::Smem<2>::bytes, flash::Smem<4>::bytes,
-    flash::Tile<1>::NTHREADS, flash::Tile<2>::NTHREADS, flash::Tile<4>::NTHREADS, 0};
+    flash::Tile<1>::NTHREADS, flash::Tile<2>::NTHREADS, flash::Tile<4>::NTHREADS, 32 * COMBINE_WARPS};
 
 // ---------------------------------------------------------------------------------------------
 // device helpers (PTX wrappers)
@@ -151,7 +154,7 @@ __global__ void __launch_bounds__(flash::Tile<MT>::NTHREADS, 1) kdtr_flash_verif
   using S = Smem<MT>;
   using TL = Tile<MT>;
   constexpr int BM = TL::BM, KG = TL::KG, KSTEPS_G = TL::KSTEPS_G, NTHREADS = TL::NTHREADS;
-  constexpr int NT_O = TL::NT_O, TPR = TL::TPR, EPT = TL::EPT;
+  constexpr int NT_O = TL::NT_O, TPR = TL::TPR, EPT = TL::EPT, SCH = TL::SCH;
   constexpr int COLS_W = NT_O * 8;     // output columns per warp
 
   extern __shared__ __align__(16) unsigned char smem[];
@@ -272,8 +275,13 @@ __global__ void __launch_bounds__(flash::Tile<MT>::NTHREADS, 1) kdtr_flash_verif
     }
     const unsigned char* stile = smem + S::kv + (i % STAGES) * STAGE_BYTES;
 
-    // S partial = Q[rows, kg cols] K[keys, kg cols]^T
-    float sacc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+    // S partial = Q[rows, kg cols] K[keys, kg cols]^T, over SCH independent accumulator chains
+    // per n-tile (the mma latency, not its issue rate, bounds one chain)
+    float sacc[SCH][2][4];
+#pragma unroll
+    for (int c = 0; c < SCH; ++c)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) sacc[c][0][e] = sacc[c][1][e] = 0.f;
     {
       const int key = (lane & 7) + ((lane >> 4) << 3);
       const int coff = ((lane >> 3) & 1) * 8;
@@ -283,14 +291,21 @@ __global__ void __launch_bounds__(flash::Tile<MT>::NTHREADS, 1) kdtr_flash_verif
         if (BUG == KDTR_BUG_NO_ROPE && kstep >= LATENT_KSTEPS) continue;
         unsigned kb[4];
         ldsm_x4(kb, smem_addr(stile + key * ROW_BYTES + (kstep * 16 + coff) * 2));
-        mma_bf16(sacc[0], qf[ks], kb[0], kb[1]);
-        mma_bf16(sacc[1], qf[ks], kb[2], kb[3]);
+        mma_bf16(sacc[ks % SCH][0], qf[ks], kb[0], kb[1]);
+        mma_bf16(sacc[ks % SCH][1], qf[ks], kb[2], kb[3]);
       }
+#pragma unroll
+      for (int c = 1; c < SCH; ++c)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          sacc[0][0][e] += sacc[c][0][e];
+          sacc[0][1][e] += sacc[c][1][e];
+        }
       float* sp = spart + (kg * BM + rg * 16) * BN;
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt) {
-        *reinterpret_cast<float2*>(sp + g * BN + nt * 8 + 2 * tq) = make_float2(sacc[nt][0], sacc[nt][1]);
-        *reinterpret_cast<float2*>(sp + (g + 8) * BN + nt * 8 + 2 * tq) = make_float2(sacc[nt][2], sacc[nt][3]);
+        *reinterpret_cast<float2*>(sp + g * BN + nt * 8 + 2 * tq) = make_float2(sacc[0][nt][0], sacc[0][nt][1]);
+        *reinterpret_cast<float2*>(sp + (g + 8) * BN + nt * 8 + 2 * tq) = make_float2(sacc[0][nt][2], sacc[0][nt][3]);
       }
     }
     __syncthreads();  // [B] partial scores complete
@@ -415,22 +430,35 @@ __global__ void __launch_bounds__(flash::Tile<MT>::NTHREADS, 1) kdtr_flash_verif
   }
 }
 
-// One warp per row: out = sum_s w_s o_s / sum_s w_s with w_s = exp(lse_s - max lse).
+// One CTA per (row, request): out = sum_s w_s o_s / sum_s w_s with w_s = exp(lse_s - max lse).
+// The splits are spread over the 8 warps (lane: 16 columns), so many partial rows are in flight
+// at once; the 8 warp partials are summed in shared memory.
+
 template <typename OutT>
-__global__ void __launch_bounds__(128) kdtr_flash_combine(const KdtrParams p) {
+__global__ void __launch_bounds__(32 * COMBINE_WARPS) kdtr_flash_combine(const KdtrParams p) {
   const int R = p.T * p.H, S = p.num_splits;
-  const int row = blockIdx.x * 4 + (threadIdx.x >> 5), b = blockIdx.y, lane = threadIdx.x & 31;
-  if (row >= R) return;
+  const int row = blockIdx.x, b = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  __shared__ float red[COMBINE_WARPS][KDTR_DV + 1];  // +1: the warp's weight sum
+  __shared__ float mx[COMBINE_WARPS];
   const float* ws_o = static_cast<const float*>(p.workspace);
-  const float* ws_lse = ws_o + (long long)p.B * S * R * KDTR_DV;
+  const float* lse_s = ws_o + (long long)p.B * S * R * KDTR_DV + (long long)b * S * R + row;  // stride R
+
   float M = flash::neg_inf();
-  for (int s = 0; s < S; ++s) M = fmaxf(M, ws_lse[((long long)b * S + s) * R + row]);
+  for (int s = threadIdx.x; s < S; s += 32 * COMBINE_WARPS) M = fmaxf(M, lse_s[(long long)s * R]);
+  M = kdtr::warp_max<32>(M);
+  if (lane == 0) mx[warp] = M;
+  __syncthreads();
+  M = mx[0];
+#pragma unroll
+  for (int w = 1; w < COMBINE_WARPS; ++w) M = fmaxf(M, mx[w]);
+
   float acc[16];
 #pragma unroll
   for (int e = 0; e < 16; ++e) acc[e] = 0.f;
   float wsum = 0.f;
-  for (int s = 0; s < S; ++s) {
-    const float ls = ws_lse[((long long)b * S + s) * R + row];
+#pragma unroll 2
+  for (int s = warp; s < S; s += COMBINE_WARPS) {
+    const float ls = lse_s[(long long)s * R];
     if (ls == flash::neg_inf()) continue;
     const float w = exp2f((ls - M) * flash::LOG2E);
     wsum += w;
@@ -444,13 +472,25 @@ __global__ void __launch_bounds__(128) kdtr_flash_combine(const KdtrParams p) {
       acc[4 * v + 3] += w * x.w;
     }
   }
-  const float inv = 1.f / wsum;
-  OutT* out = static_cast<OutT*>(p.out) + ((long long)b * R + row) * KDTR_DV;
 #pragma unroll
-  for (int v = 0; v < 4; ++v) {
-    const int col = (lane + 32 * v) * 4;
-    flash::store2<OutT>(out + col, acc[4 * v] * inv, acc[4 * v + 1] * inv);
-    flash::store2<OutT>(out + col + 2, acc[4 * v + 2] * inv, acc[4 * v + 3] * inv);
+  for (int v = 0; v < 4; ++v)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) red[warp][(lane + 32 * v) * 4 + e] = acc[4 * v + e];
+  if (lane == 0) red[warp][KDTR_DV] = wsum;
+  __syncthreads();
+  float total = 0.f;
+#pragma unroll
+  for (int w = 0; w < COMBINE_WARPS; ++w) total += red[w][KDTR_DV];
+  const float inv = 1.f / total;
+  OutT* out = static_cast<OutT*>(p.out) + ((long long)b * R + row) * KDTR_DV;
+  for (int c = 2 * threadIdx.x; c < KDTR_DV; c += 2 * 32 * COMBINE_WARPS) {
+    float x = 0.f, y = 0.f;
+#pragma unroll
+    for (int w = 0; w < COMBINE_WARPS; ++w) {
+      x += red[w][c];
+      y += red[w][c + 1];
+    }
+    flash::store2<OutT>(out + c, x * inv, y * inv);
   }
-  if (lane == 0) p.lse[(long long)b * R + row] = M + logf(wsum);
+  if (threadIdx.x == 0) p.lse[(long long)b * R + row] = M + logf(total);
 }

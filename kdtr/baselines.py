@@ -18,6 +18,16 @@ from kdtr.reference import unpack_rows
 CAPS = Caps(kv_dtypes=("bf16",))
 
 
+def _mm_f32(torch):
+    """bf16 x bf16 -> fp32 matmul (torch.mm's out_dtype where this torch has it, else upcast)."""
+    a = torch.ones(2, 2, device="cuda", dtype=torch.bfloat16)
+    try:
+        torch.mm(a, a, torch.float32)
+        return lambda x, y: torch.mm(x, y, torch.float32)
+    except (TypeError, RuntimeError):
+        return lambda x, y: torch.mm(x, y).float()
+
+
 class TorchBaseline:
     """One baseline (``impl`` in eager, sdpa, flex); runs on bf16 storage."""
 
@@ -48,13 +58,15 @@ class TorchBaseline:
         return torch.cat([torch.ones(tail.shape[0], P, dtype=torch.bool, device="cuda"), tail], dim=1)
 
     def _eager(self, torch, q, kv, out, out_dt, slots, tails, P, scale, T, H):
+        mm = _mm_f32(torch)
+
         def go():
             for b in range(q.shape[0]):
                 k = kv[slots[b]]  # [P + T, 576] gathered from the pages
-                s = torch.matmul(q[b], k.t()).float() * scale  # [R, P + T]
+                s = mm(q[b], k.t()) * scale  # [R, P + T] bf16 matmul, fp32 scores
                 s[:, P[b]:].masked_fill_(~tails[b], float("-inf"))
-                p = torch.softmax(s, dim=-1).to(torch.bfloat16)
-                out[b].copy_(torch.matmul(p, k[:, :DV]).to(out_dt))
+                p = torch.softmax(s, dim=-1).to(torch.bfloat16)  # fp32 softmax, P rounded to bf16
+                out[b].copy_(mm(p, k[:, :DV]).to(out_dt))
         return go
 
     def _sdpa(self, torch, q, kv, out, out_dt, slots, tails, P, scale, T, H):

@@ -17,7 +17,8 @@ from kdtr.bugs import Bug
 SOURCE = Path(__file__).resolve().parent.parent / "cuda" / "flash_verify.cu"
 MAIN = "kdtr_flash_verify<{mt}, {out}, {bug}>"
 COMBINE = "kdtr_flash_combine<{out}>"
-CONFIG_FIELDS = ("BN", "STAGES", "MAX_T", "SMEM_MT1", "SMEM_MT2", "SMEM_MT4", "THREADS_MT1", "THREADS_MT2", "THREADS_MT4")
+CONFIG_FIELDS = ("BN", "STAGES", "MAX_T", "SMEM_MT1", "SMEM_MT2", "SMEM_MT4", "THREADS_MT1", "THREADS_MT2", "THREADS_MT4",
+                 "COMBINE_THREADS")
 
 NS_PER_KEY = 50.0
 """Model: one CTA's time per key of a full tile (~max of MMA time and KV bytes at one SM's share)."""
@@ -54,13 +55,13 @@ def row_tile_m(rows: int) -> int:
     return 1 if rows <= 16 else 2 if rows <= 32 else 4
 
 
-def choose_splits(prefix_max: int, base_ctas: int, rows: int, B: int, sm_count: int) -> int:
-    """Split count minimising waves * keys-per-CTA + combine traffic (1 CTA per SM)."""
+def choose_splits(prefix_max: int, base_ctas: int, rows: int, B: int, slots: int) -> int:
+    """Split count minimising waves * keys-per-CTA + combine traffic; slots = resident CTAs on the GPU."""
     if prefix_max <= MIN_KEYS_PER_SPLIT:
         return 1
     best, best_cost = 1, math.inf
     for s in range(1, min(256, prefix_max // MIN_KEYS_PER_SPLIT) + 1):
-        waves = math.ceil(base_ctas * s / sm_count)
+        waves = math.ceil(base_ctas * s / slots)
         cost = waves * (prefix_max / s) * NS_PER_KEY
         if s > 1:
             cost += B * rows * 4096 * s * 2 / COMBINE_BYTES_PER_NS + LAUNCH_NS
@@ -69,11 +70,20 @@ def choose_splits(prefix_max: int, base_ctas: int, rows: int, B: int, sm_count: 
     return best
 
 
-def plan(B: int, T: int, H: int, prefix_max: int, sm_count: int, bug: int = 0) -> FlashPlan:
+def occupancy(threads: int, registers: int, smem: int, regs_per_sm: int = 65536, smem_per_sm: int = 233472) -> int:
+    """Resident CTAs per SM allowed by registers (allocated per warp in 256s) and shared memory."""
+    regs_per_warp = math.ceil(registers * 32 / 256) * 256
+    by_regs = regs_per_sm // (regs_per_warp * math.ceil(threads / 32))
+    by_smem = smem_per_sm // (smem + 1024)  # 1 KB per CTA reserved by the hardware
+    return max(1, min(by_regs, by_smem, 32))
+
+
+def plan(B: int, T: int, H: int, prefix_max: int, sm_count: int, bug: int = 0, mt: int | None = None,
+         ctas_per_sm: int = 1) -> FlashPlan:
     rows = T * H
-    mt = row_tile_m(rows)
+    mt = mt or row_tile_m(rows)
     row_tiles = math.ceil(rows / (16 * mt))
-    splits = choose_splits(prefix_max, row_tiles * B, rows, B, sm_count)
+    splits = choose_splits(prefix_max, row_tiles * B, rows, B, sm_count * ctas_per_sm)
     if bug == Bug.MERGE_WRONG_MAX:
         splits = max(2, splits)  # the planted merge bug needs a merge
     return FlashPlan(mt, row_tiles, splits, B)
@@ -107,17 +117,24 @@ class FlashKernel:
         return self._config
 
     def steps(self, dp):
-        """([(Loaded, grid, block, smem)], workspace_bytes, num_splits): main kernel (+ combine)."""
+        """([(Loaded, grid, block, smem)], workspace_bytes, num_splits): main kernel (+ combine).
+
+        KDTR_FLASH_MT=1|2|4 forces the row tile (for experiments; docs/PERF.md)."""
+        import os
+
         from kdtr.launch import CTYPES, device_info
 
-        pr = dp.problem
-        pl = plan(pr.B, pr.T, pr.H, int(pr.prefix_lens.max()), device_info()["sm_count"], self.bug)
+        pr, info = dp.problem, device_info()
+        mt = int(os.environ.get("KDTR_FLASH_MT", 0)) or row_tile_m(pr.T * pr.H)
         out_t, cfg = CTYPES[dp.out_dtype], self.config()
-        block = (cfg[f"THREADS_MT{pl.mt}"], 1, 1)
-        steps = [(self._load(MAIN.format(mt=pl.mt, out=out_t, bug=self.bug)), pl.grid, block, cfg[f"SMEM_MT{pl.mt}"])]
+        main = self._load(MAIN.format(mt=mt, out=out_t, bug=self.bug))
+        threads, smem = cfg[f"THREADS_MT{mt}"], cfg[f"SMEM_MT{mt}"]
+        regs = next(iter(main.compiled.resources.values())).registers if main.compiled.resources else 255
+        per_sm = occupancy(threads, regs, smem, info["regs_per_sm"], info["smem_per_sm"])
+        pl = plan(pr.B, pr.T, pr.H, int(pr.prefix_lens.max()), info["sm_count"], self.bug, mt, per_sm)
+        steps = [(main, pl.grid, (threads, 1, 1), smem)]
         if pl.splits > 1:
-            combine_grid = (math.ceil(pr.T * pr.H / 4), pr.B, 1)
-            steps.append((self._load(COMBINE.format(out=out_t)), combine_grid, (128, 1, 1), 0))
+            steps.append((self._load(COMBINE.format(out=out_t)), (pr.T * pr.H, pr.B, 1), (cfg["COMBINE_THREADS"], 1, 1), 0))
         return steps, pl.workspace_bytes(pr.T, pr.H), pl.splits
 
     def run(self, problem, out_dtype: str):

@@ -84,6 +84,8 @@ def device_info() -> dict:
         "cc": f"sm_{props['major']}{props['minor']}",
         "sm_count": int(props["multiProcessorCount"]),
         "smem_optin": int(props["sharedMemPerBlockOptin"]),
+        "smem_per_sm": int(props["sharedMemPerMultiprocessor"]),
+        "regs_per_sm": int(props["regsPerMultiprocessor"]),
         "l2_bytes": int(props["l2CacheSize"]),
         "memory_bytes": int(props["totalGlobalMem"]),
         "driver_version": int(cp.cuda.runtime.driverGetVersion()),

@@ -1,0 +1,42 @@
+"""The flash kernel's launch plan (pure arithmetic, no GPU)."""
+
+import pytest
+
+from kdtr.bugs import Bug
+from kdtr.flash import occupancy, plan, row_tile_m
+
+H200_SMS = 132
+
+
+@pytest.mark.parametrize("rows, mt", [(1, 1), (16, 1), (17, 2), (32, 2), (33, 4), (16 * 1025, 4)])
+def test_row_tile_is_the_smallest_that_holds_the_rows(rows, mt):
+    assert row_tile_m(rows) == mt
+
+
+def test_one_long_request_fills_the_gpu_with_splits():
+    pl = plan(B=1, T=1, H=8, prefix_max=32768, sm_count=H200_SMS)  # Kimi decode: one 16-row tile
+    assert pl.mt == 1 and pl.row_tiles == 1 and 64 <= pl.splits <= 256
+    assert pl.grid[1] * pl.grid[0] >= H200_SMS // 2
+
+
+def test_many_row_tiles_need_few_splits():
+    big = plan(B=1, T=513, H=16, prefix_max=131072, sm_count=H200_SMS)  # 129 row tiles: one wave already
+    assert big.row_tiles == 129 and big.splits == 1
+    mid = plan(B=1, T=65, H=16, prefix_max=8192, sm_count=H200_SMS)
+    assert mid.row_tiles == 17 and 2 <= mid.splits <= 16
+
+
+def test_no_prefix_no_split_but_the_merge_bug_forces_one():
+    assert plan(B=2, T=17, H=16, prefix_max=0, sm_count=H200_SMS).splits == 1
+    assert plan(B=2, T=17, H=16, prefix_max=0, sm_count=H200_SMS, bug=Bug.MERGE_WRONG_MAX).splits == 2
+
+
+def test_workspace_holds_partial_out_and_lse():
+    pl = plan(B=2, T=5, H=8, prefix_max=4096, sm_count=H200_SMS)
+    assert pl.workspace_bytes(5, 8) == 2 * pl.splits * 40 * 513 * 4 if pl.splits > 1 else 0
+
+
+def test_occupancy_counts_registers_and_shared_memory():
+    assert occupancy(256, 255, 70000) == 1  # 64K registers: one 256-thread CTA at 255 registers
+    assert occupancy(128, 160, 70000) == 3  # smem-bound: 3 x 71 KB in 228 KB
+    assert occupancy(128, 64, 20000) == 8
