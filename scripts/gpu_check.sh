@@ -42,17 +42,26 @@ for mode in "${@:-check}"; do
       tail -n 22 "$OUT/verify_flash_ci.log" >>"$SUMMARY"
       ;;
     long)
-      stage gen_long $KDTR gen --suite long -j 8 --out "$KDTR_CACHE_DIR/suites/long"
+      OMP_NUM_THREADS=2 OPENBLAS_NUM_THREADS=2 stage gen_long $KDTR gen --suite long -j 8 --out "$KDTR_CACHE_DIR/suites/long"
       stage verify_naive_long $KDTR verify -k naive long --json "$OUT/verify_naive_long.json"
       stage verify_flash_long $KDTR verify -k flash long --repeat 3 --json "$OUT/verify_flash_long.json"
       tail -n 14 "$OUT/verify_naive_long.log" "$OUT/verify_flash_long.log" >>"$SUMMARY"
       ;;
     quick)
-      stage bench_quick $KDTR bench -k flash -k naive --baselines eager --model deepseek-v3 --tp 8 --budget 64,256 \
+      stage bench_quick $KDTR bench -k flash --baselines eager,sdpa,flex --model deepseek-v3 --tp 8 --budget 64,256 \
         --prefix 8k,32k --batch 1 --json "$OUT/bench_quick.json"
       stage bench_quick_mem $KDTR bench -k flash --baselines none --model kimi-k2 --tp 8 --budget 0,4,8 \
         --prefix 32k --batch 1,32 --json "$OUT/bench_quick_mem.json"
       tail -n 30 "$OUT/bench_quick.log" "$OUT/bench_quick_mem.log" >>"$SUMMARY"
+      ;;
+    mtcmp)  # flash row tile 2 vs 4 on the compute set (KDTR_FLASH_MT forces it)
+      for mt in 2 4; do
+        export KDTR_FLASH_MT=$mt
+        stage bench_mt$mt $KDTR bench -k flash --baselines none --set compute --no-check \
+          --json "$OUT/bench_mt$mt.json"
+      done
+      unset KDTR_FLASH_MT
+      tail -n 24 "$OUT/bench_mt2.log" "$OUT/bench_mt4.log" >>"$SUMMARY"
       ;;
     bench)
       stage bench_peaks $KDTR bench --peaks --remeasure
