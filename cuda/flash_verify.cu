@@ -209,21 +209,20 @@ __global__ void __launch_bounds__(flash::Tile<MT>::NTHREADS, 1) kdtr_flash_verif
   // first key of tile i: prefix tiles from kp_lo, tail tiles at P + (16-aligned node index)
   auto tile_key0 = [&](int i) { return i < n_pre ? kp_lo + i * BN : P + tail_tiles[i - n_pre]; };
 
+  // Each thread copies chunks of one key row (TPK threads per key), so the block table is read
+  // once per thread and tile, not once per 16-byte chunk.
+  constexpr int TPK = NTHREADS / BN;
   auto load_tile = [&](int i, int stage) {
-    const int key0 = tile_key0(i);
-    const int lim = i < n_pre ? kp_hi : P + T;  // keys >= lim are zero-filled
-    const unsigned dst = smem_addr(smem + S::kv + stage * STAGE_BYTES);
-    for (int idx = tid; idx < BN * CHUNKS; idx += NTHREADS) {
-      const int key = idx / CHUNKS, ch = idx - key * CHUNKS;
-      const int j = key0 + key;
-      const bool valid = j < lim;
-      const __nv_bfloat16* src = kv;
-      if (valid) {
-        const int page_index = min((BUG == KDTR_BUG_PAGE_OFF_BY_ONE ? j + 1 : j) / p.page_size, p.max_pages - 1);
-        src = kv + kdtr::kv_row_offset(p, b, page_index, j % p.page_size) + ch * 8;
-      }
-      cp_async16(dst + key * ROW_BYTES + ch * 16, src, valid);
+    const int key = tid / TPK;
+    const int j = tile_key0(i) + key;
+    const bool valid = j < (i < n_pre ? kp_hi : P + T);  // keys past the range are zero-filled
+    const __nv_bfloat16* src = kv;
+    if (valid) {
+      const int page_index = min((BUG == KDTR_BUG_PAGE_OFF_BY_ONE ? j + 1 : j) / p.page_size, p.max_pages - 1);
+      src = kv + kdtr::kv_row_offset(p, b, page_index, j % p.page_size);
     }
+    const unsigned dst = smem_addr(smem + S::kv + stage * STAGE_BYTES + key * ROW_BYTES);
+    for (int ch = tid % TPK; ch < CHUNKS; ch += TPK) cp_async16(dst + ch * 16, valid ? src + ch * 8 : kv, valid);
   };
 
   // ---- Q fragments in registers: rows rg*16.., k-steps kg*9.. ----

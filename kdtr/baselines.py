@@ -35,9 +35,14 @@ class TorchBaseline:
 
     def __init__(self, impl: str):
         self.impl, self.name, self.caps = impl, f"torch-{impl}", CAPS
+        self.broken: str | None = None
+        """Set when FlexAttention failed to compile: later shapes fail at once instead of recompiling."""
 
     def prepare(self, dp):
         import torch
+
+        if self.broken:
+            raise RuntimeError(self.broken)
 
         pr = dp.problem
         T, H, R = pr.T, pr.H, pr.T * pr.H
@@ -51,7 +56,15 @@ class TorchBaseline:
         P = [int(x) for x in pr.prefix_lens]
         scale = float(pr.scale)
         fn = {"eager": self._eager, "sdpa": self._sdpa, "flex": self._flex}[self.impl]
-        return fn(torch, q, kv, out, out_dt, slots, tails, P, scale, T, H)
+        go = fn(torch, q, kv, out, out_dt, slots, tails, P, scale, T, H)
+        if self.impl == "flex":  # compile now, so a failure is reported once and remembered
+            try:
+                go()
+                torch.cuda.synchronize()
+            except Exception as e:
+                self.broken = f"FlexAttention failed ({type(e).__name__}: {' '.join(str(e).split())[:120]})"
+                raise RuntimeError(self.broken) from None
+        return go
 
     @staticmethod
     def _mask(torch, tail, P):

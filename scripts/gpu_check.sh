@@ -9,13 +9,15 @@
 #   bench : peaks + the compute and memory shape sets with torch baselines (JSON, CSV, plot)
 #   quick : flash + naive timings on a few shapes, no baselines
 #
-# Logs and results go to $OUT (default ./out/gpu); a short summary table is printed last.
+# Results go to $OUT (default ./out/gpu): summary.txt, logs.tgz (every log and verify JSON) and the
+# bench JSON/CSV/PNG (the device tool brings back at most 8 files). A short summary is printed last.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-out/gpu}
 mkdir -p "$OUT"
+LOGS=$(mktemp -d)
 export PYTHONUNBUFFERED=1 KDTR_CACHE_DIR=${KDTR_CACHE_DIR:-$PWD/.kdtr-cache}
-python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 || export PYTHONPATH=$PWD
+python3 -m pip install -q --no-deps --no-build-isolation -e . >"$LOGS/install.log" 2>&1 || export PYTHONPATH=$PWD
 KDTR="python3 -m kdtr.cli"
 SUMMARY="$OUT/summary.txt"
 : >"$SUMMARY"
@@ -26,7 +28,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu 
 stage() {  # stage NAME CMD...: run, log, record rc and seconds
   local name=$1; shift
   local t0=$SECONDS
-  "$@" >"$OUT/$name.log" 2>&1
+  "$@" >"$LOGS/$name.log" 2>&1
   local rc=$?
   note "$(printf '%-28s rc=%-3s %5ss' "$name" "$rc" "$((SECONDS - t0))")"
   return $rc
@@ -36,41 +38,42 @@ for mode in "${@:-check}"; do
   case "$mode" in
     check)
       stage pytest_gpu timeout 420 python3 -m pytest -q -m gpu -x -p no:cacheprovider tests/test_gpu_naive.py tests/test_gpu_verify.py
-      tail -n 25 "$OUT/pytest_gpu.log" >>"$SUMMARY"
-      stage verify_naive_ci $KDTR verify -k naive ci --repeat 3 --json "$OUT/verify_naive_ci.json"
-      stage verify_flash_ci $KDTR verify -k flash ci --repeat 3 --json "$OUT/verify_flash_ci.json"
-      tail -n 22 "$OUT/verify_flash_ci.log" >>"$SUMMARY"
+      tail -n 4 "$LOGS/pytest_gpu.log" >>"$SUMMARY"
+      stage verify_naive_ci $KDTR verify -k naive ci --repeat 3 --json "$LOGS/verify_naive_ci.json"
+      stage verify_flash_ci $KDTR verify -k flash ci --repeat 3 --json "$LOGS/verify_flash_ci.json"
+      tail -n 1 "$LOGS/verify_naive_ci.log" "$LOGS/verify_flash_ci.log" >>"$SUMMARY"
       ;;
     long)
       OMP_NUM_THREADS=2 OPENBLAS_NUM_THREADS=2 stage gen_long $KDTR gen --suite long -j 8 --out "$KDTR_CACHE_DIR/suites/long"
-      stage verify_naive_long $KDTR verify -k naive long --json "$OUT/verify_naive_long.json"
-      stage verify_flash_long $KDTR verify -k flash long --repeat 3 --json "$OUT/verify_flash_long.json"
-      tail -n 14 "$OUT/verify_naive_long.log" "$OUT/verify_flash_long.log" >>"$SUMMARY"
+      stage verify_naive_long $KDTR verify -k naive long --json "$LOGS/verify_naive_long.json"
+      stage verify_flash_long $KDTR verify -k flash long --repeat 3 --json "$LOGS/verify_flash_long.json"
+      python3 scripts/verify_summary.py "$LOGS"/verify_*_long.json >>"$SUMMARY"
       ;;
     quick)
       stage bench_quick $KDTR bench -k flash --baselines eager,sdpa,flex --model deepseek-v3 --tp 8 --budget 64,256 \
-        --prefix 8k,32k --batch 1 --json "$OUT/bench_quick.json"
+        --prefix 8k,32k --batch 1 --json "$LOGS/bench_quick.json"
       stage bench_quick_mem $KDTR bench -k flash --baselines none --model kimi-k2 --tp 8 --budget 0,4,8 \
-        --prefix 32k --batch 1,32 --json "$OUT/bench_quick_mem.json"
-      tail -n 30 "$OUT/bench_quick.log" "$OUT/bench_quick_mem.log" >>"$SUMMARY"
+        --prefix 32k --batch 1,32 --json "$LOGS/bench_quick_mem.json"
+      python3 scripts/bench_summary.py "$LOGS"/bench_quick*.json >>"$SUMMARY"
       ;;
     mtcmp)  # flash row tile 2 vs 4 on the compute set (KDTR_FLASH_MT forces it)
       for mt in 2 4; do
         export KDTR_FLASH_MT=$mt
         stage bench_mt$mt $KDTR bench -k flash --baselines none --set compute --no-check \
-          --json "$OUT/bench_mt$mt.json"
+          --json "$LOGS/bench_mt$mt.json"
       done
       unset KDTR_FLASH_MT
-      tail -n 24 "$OUT/bench_mt2.log" "$OUT/bench_mt4.log" >>"$SUMMARY"
+      python3 scripts/bench_summary.py "$LOGS"/bench_mt*.json >>"$SUMMARY"
       ;;
     bench)
       stage bench_peaks $KDTR bench --peaks --remeasure
       stage bench_sweep $KDTR bench -k flash --set compute --set memory --json "$OUT/bench.json" \
         --csv "$OUT/bench.csv" --plot "$OUT/bench.png"
-      tail -n 80 "$OUT/bench_sweep.log" >>"$SUMMARY"
+      python3 scripts/bench_summary.py "$OUT/bench.json" >>"$SUMMARY"
       ;;
     *) note "unknown mode $mode"; exit 2 ;;
   esac
 done
+tar -czf "$OUT/logs.tgz" -C "$LOGS" .
 echo "==================== summary ===================="
 cat "$SUMMARY"
