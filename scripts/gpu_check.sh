@@ -56,6 +56,14 @@ for mode in "${@:-check}"; do
         --prefix 32k --batch 1,32 --json "$LOGS/bench_quick_mem.json"
       python3 scripts/bench_summary.py "$LOGS"/bench_quick*.json >>"$SUMMARY"
       ;;
+    mtmem)  # flash row tile 1 / 2 / 4 on the memory set
+      for mt in 1 2 4; do
+        export KDTR_FLASH_MT=$mt
+        stage bench_mem_mt$mt $KDTR bench -k flash --baselines none --set memory --no-check --json "$LOGS/bench_mem_mt$mt.json"
+      done
+      unset KDTR_FLASH_MT
+      python3 scripts/bench_summary.py "$LOGS"/bench_mem_mt*.json >>"$SUMMARY"
+      ;;
     mtcmp)  # flash row tile 2 vs 4 on the compute set (KDTR_FLASH_MT forces it)
       for mt in 2 4; do
         export KDTR_FLASH_MT=$mt
