@@ -52,7 +52,9 @@ class FlashPlan:
 
 
 def row_tile_m(rows: int) -> int:
-    return 1 if rows <= 16 else 2 if rows <= 32 else 4
+    """m-tiles per CTA for a request of `rows` query rows (measured on the H200, docs/PERF.md:
+    16 rows for decode; 32 up to 128 rows, where more CTAs per SM beat KV reuse; 64 beyond)."""
+    return 1 if rows <= 16 else 2 if rows <= 128 else 4
 
 
 def choose_splits(prefix_max: int, base_ctas: int, rows: int, B: int, slots: int) -> int:

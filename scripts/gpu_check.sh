@@ -31,6 +31,7 @@ stage() {  # stage NAME CMD...: run, log, record rc and seconds
   "$@" >"$LOGS/$name.log" 2>&1
   local rc=$?
   note "$(printf '%-28s rc=%-3s %5ss' "$name" "$rc" "$((SECONDS - t0))")"
+  tar -czf "$OUT/logs.tgz" -C "$LOGS" .  # after every stage: a run cut short still brings its logs back
   return $rc
 }
 
@@ -75,9 +76,13 @@ for mode in "${@:-check}"; do
       ;;
     bench)
       stage bench_peaks $KDTR bench --peaks --remeasure
-      stage bench_sweep $KDTR bench -k flash --set compute --set memory --json "$OUT/bench.json" \
-        --csv "$OUT/bench.csv" --plot "$OUT/bench.png"
-      python3 scripts/bench_summary.py "$OUT/bench.json" >>"$SUMMARY"
+      for set in compute memory; do
+        stage bench_$set timeout 400 $KDTR bench -k flash --set $set --json "$LOGS/bench_$set.json"
+        python3 scripts/bench_summary.py "$LOGS/bench_$set.json" >>"$SUMMARY"
+        cp "$LOGS/bench_$set.json" "$OUT/"
+      done
+      stage bench_merge python3 scripts/bench_merge.py "$OUT/bench.json" "$OUT/bench.csv" "$OUT/bench.png" \
+        "$LOGS/bench_compute.json" "$LOGS/bench_memory.json"
       ;;
     *) note "unknown mode $mode"; exit 2 ;;
   esac

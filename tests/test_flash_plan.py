@@ -8,7 +8,7 @@ from kdtr.flash import occupancy, plan, row_tile_m
 H200_SMS = 132
 
 
-@pytest.mark.parametrize("rows, mt", [(1, 1), (16, 1), (17, 2), (32, 2), (33, 4), (16 * 1025, 4)])
+@pytest.mark.parametrize("rows, mt", [(1, 1), (16, 1), (17, 2), (72, 2), (128, 2), (129, 4), (16 * 1025, 4)])
 def test_row_tile_is_the_smallest_that_holds_the_rows(rows, mt):
     assert row_tile_m(rows) == mt
 

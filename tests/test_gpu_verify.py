@@ -35,6 +35,14 @@ def test_builtin_kernel_passes_ci_and_repeats_bit_identically(ci_paths, name):
     assert len(passed) >= 10
 
 
+@pytest.mark.parametrize("mt", [1, 2, 4])
+def test_flash_every_row_tile_passes_ci(ci_paths, mt, monkeypatch):
+    """The plan picks the row tile from the shape; force each so every instantiation is checked."""
+    monkeypatch.setenv("KDTR_FLASH_MT", str(mt))
+    rep = run_verify(resolve_kernel("flash"), ci_paths)
+    assert not rep.failed, _describe(rep)
+
+
 @pytest.mark.parametrize("bug", PLANTED, ids=lambda b: b.slug)
 @pytest.mark.parametrize("name", KERNELS)
 def test_planted_bug_fails_ci(ci_paths, name, bug: Bug):
