@@ -5,24 +5,26 @@
 //                                      rows r = node*H + head) x one KV split of that request.
 //   kdtr_flash_combine<OutT>           merges the splits' partial (out, lse) by their LSE.
 //
-// Design (numbers for MT = 4: 64 rows, 16 warps, 512 threads)
+// Design (numbers for the 64-row tile, MT = 4: 8 warps, 256 threads)
 //   * One latent KV stream per request (MQA): every row of the tile reads the same KV tile from
 //     shared memory; a tile is fetched once per CTA whatever the head count.
 //   * KV tiles of BN = 16 keys x 576 come in through cp.async, STAGES = 3 deep (18.7 KB each,
-//     rows padded to 1168 B so ldmatrix is bank-conflict free).
+//     rows padded to 1168 B so ldmatrix is bank-conflict free); each thread copies chunks of one
+//     key row, so the block table is read once per thread and tile.
 //   * S = Q K^T with mma.sync m16n8k16 (bf16 in, fp32 accumulate). Q stays in registers for the
-//     whole kernel: warp (rg, kg) holds rows rg*16..+16 over columns kg*144..+144 (36 registers)
-//     and produces a partial S over its 144 columns; the 4 partials are summed in shared memory.
-//   * Online softmax in fp32 (exp2 domain), 8 threads per row; P rounded to bf16 for P V; the row
-//     sum uses the fp32 P.
-//   * O = P V: warp w owns output columns w*32..+32 of all 64 rows (64 fp32 accumulators); V is the
-//     same shared tile read through ldmatrix.trans.
+//     whole kernel: warp (rg, kg) holds rows rg*16..+16 over columns kg*288..+288 (KG = 2 k-groups;
+//     4 for the 16-row tile) and produces a partial S; the partials are summed in shared memory.
+//   * Online softmax in fp32 (exp2 domain), 4 or 8 threads per row; P rounded to bf16 for P V;
+//     the row sum uses the fp32 P.
+//   * O = P V: warp w owns output columns w*64..+64 of all 64 rows (128 fp32 accumulators); V is
+//     the same shared tile read through ldmatrix.trans.
 //   * Tree tail in the same pass: only tail tiles that some row of the tile sees are loaded (a
 //     live-tile list built from the mask words at the start); mask bits decide visibility.
 //   * Split-KV: the prefix of each request is cut into num_splits equal ranges (16-key aligned);
-//     the last split also takes the tail. With one split the kernel writes out/lse directly.
-//   Shared memory: 56 064 (KV) + 16 384 (partial S) + 3 072 (P) + small = 75.9 KB for MT = 4,
-//   under sm_120's 99 KB; above 48 KB, so the launcher raises the dynamic-shared-memory limit.
+//     the last split also takes the tail. With one split the kernel writes out/lse directly,
+//     else kdtr_flash_combine merges the fp32 partials by their LSE.
+//   Shared memory: 61.4 / 62.3 / 68.2 KB for the 16 / 32 / 64-row tiles (static_assert: <= 99 KB,
+//   sm_120's limit); above 48 KB, so the launcher raises the dynamic-shared-memory limit.
 //
 // How to run
 //   kdtr verify -k flash ci          correctness on the committed goldens (needs a GPU)
@@ -81,6 +83,9 @@ struct Smem {                                   // byte offsets into dynamic sha
   static constexpr int count = live + LIVE_WORDS * 4;           // int
   static constexpr int bytes = count + 16;
 };
+
+static_assert(Smem<1>::bytes <= 99 * 1024 && Smem<2>::bytes <= 99 * 1024 && Smem<4>::bytes <= 99 * 1024,
+              "shared memory per block must stay within sm_120's 99 KB");
 
 }  // namespace flash
 

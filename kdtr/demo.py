@@ -20,7 +20,7 @@ def main(argv: list[str]) -> int:
     if gpu_available():
         kernels = [k for k in ("naive", "flash") if k in builtin_names()]
     else:
-        report.note(f"[bold yellow]No GPU found[/] ({gpu_unavailable_reason()}): running [bold]emulate-flash[/], "
+        report.note(f"[bold yellow]No GPU found[/] ({report.escape(gpu_unavailable_reason())}): running [bold]emulate-flash[/], "
                     "the CPU emulation of the bf16 flash kernel, instead of the CUDA kernels.")
         kernels = ["emulate-flash"]
     failed = False
