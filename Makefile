@@ -4,7 +4,7 @@ VENV    ?= .venv
 BIN     := $(VENV)/bin
 KDTR    := $(BIN)/kdtr
 STAMP   := $(VENV)/.installed
-EXTRAS  ?= test,nvrtc
+EXTRAS  ?= test,nvrtc,plot
 
 .PHONY: test test-gpu demo goldens check-goldens clean install
 
