@@ -203,23 +203,30 @@ def plot(rows: list[Row], path: str, metric: str = "pct_roofline") -> None:
     import matplotlib.pyplot as plt
 
     budgets = sorted({r.dims["budget"] for r in rows})
-    fig, axes = plt.subplots(1, len(budgets), figsize=(4.2 * len(budgets), 3.6), squeeze=False)
+    impls = list(dict.fromkeys(c.impl for r in rows for c in r.cells))
+    batches = sorted({r.dims["B"] for r in rows})
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    fig, axes = plt.subplots(1, len(budgets), figsize=(4.2 * len(budgets), 3.8), squeeze=False)
+    handles = {}
     for ax, bud in zip(axes[0], budgets):
         sub = [r for r in rows if r.dims["budget"] == bud]
-        for impl in dict.fromkeys(c.impl for r in sub for c in r.cells):
-            for (h, bsz) in sorted({(r.dims["H"], r.dims["B"]) for r in sub}):
-                pts = sorted((r.dims["P"], getattr(c, metric)) for r in sub if r.dims["H"] == h and r.dims["B"] == bsz
+        for i, impl in enumerate(impls):
+            for j, bsz in enumerate(batches):
+                pts = sorted((r.dims["P"], getattr(c, metric)) for r in sub if r.dims["B"] == bsz
                              for c in r.cells if c.impl == impl and getattr(c, metric))
                 if pts:
-                    ax.plot(*zip(*pts), marker="o", label=f"{impl} H{h} B{bsz}")
+                    (line,) = ax.plot(*zip(*pts), marker="o", color=colors[i % len(colors)],
+                                      linestyle=("-", "--", ":", "-.")[j % 4])
+                    handles[f"{impl} B={bsz}"] = line
+        heads = sorted({r.dims["H"] for r in sub})
         ax.set_xscale("log", base=2)
-        ax.set_title(f"budget {bud} (T = {bud + 1})")
+        ax.set_title(f"budget {bud} (T = {bud + 1}), H = {','.join(map(str, heads))}")
         ax.set_xlabel("prefix length")
         ax.set_ylabel("% of roofline" if metric == "pct_roofline" else metric)
         if metric == "pct_roofline":
             ax.yaxis.set_major_formatter(matplotlib.ticker.PercentFormatter(1.0))
         ax.grid(alpha=0.3)
-    axes[0][-1].legend(fontsize=6, loc="best")
-    fig.tight_layout()
+    fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=min(6, len(handles)), fontsize=8)
+    fig.tight_layout(rect=(0, 0.12, 1, 1))
     fig.savefig(path, dpi=130)
 
