@@ -130,14 +130,29 @@ def show(bundle, as_json, b):
 @click.option("--rtol", type=float, default=None, help="Override rtol of out.")
 @click.option("--rel-norm", type=float, default=None, help="Override the relative-norm bound of out.")
 @click.option("-j", "--jobs", type=int, default=1, help="Workers when a suite must be generated first.")
-def verify(bundles, kernel_spec, repeat, json_file, atol, rtol, rel_norm, jobs):
+@click.option("--isolate/--no-isolate", default=True, show_default=True,
+              help="Run each case in a child process, so a kernel that crashes or hangs fails only its case "
+                   "(RUNTIME_ERROR / TIMEOUT). --no-isolate: in this process (faster; a crash ends the run).")
+@click.option("--timeout", type=float, default=None,
+              help="Seconds per case before its child is killed (TIMEOUT). Default: 60 + the case's visible "
+                   "FLOPs at 10 GFLOP/s (1 GFLOP/s for CPU kernels) per run + 1 s per 100 MB of bundle; "
+                   "under --sanitize 300 + 100x that.")
+@click.option("--sanitize", type=click.Choice(["memcheck", "racecheck", "initcheck", "synccheck"]), default=None,
+              help="Run each case's child (one run) under compute-sanitizer with this tool; findings are SANITIZER.")
+@click.option("--force", is_flag=True, help="Generate a missing suite even where generation's checks would refuse.")
+def verify(bundles, kernel_spec, repeat, json_file, atol, rtol, rel_norm, jobs, isolate, timeout, sanitize, force):
     """Verify a kernel against golden bundles (files, directories, globs or suite names)."""
     from kdtr import commands
 
     if repeat < 1:
         raise UserError("--repeat must be >= 1")
+    if timeout is not None and not timeout > 0:
+        raise UserError("--timeout must be a positive number of seconds")
+    if not isolate and (timeout is not None or sanitize):
+        raise UserError("--timeout and --sanitize run each case in a child process: drop --no-isolate")
     overrides = {"out": {"atol": atol, "rtol": rtol, "rel_norm": rel_norm}}
-    rep = commands.verify_run(kernel_spec, list(bundles) or ["smoke"], repeat, overrides, json_file, jobs)
+    rep = commands.verify_run(kernel_spec, list(bundles) or ["smoke"], repeat, overrides, json_file, jobs,
+                              isolate=isolate, timeout=timeout, sanitize=sanitize, force=force)
     sys.exit(EXIT_FAIL if rep.failed else EXIT_OK)
 
 

@@ -193,15 +193,21 @@ def render_show(d: dict) -> None:
 
 # ----------------------------------------------------------------------------- verify
 
-def verify_run(kernel_spec: str, sources: list[str], repeat: int, overrides: dict, json_file: str | None, jobs: int = 1):
+def verify_run(kernel_spec: str, sources: list[str], repeat: int, overrides: dict, json_file: str | None, jobs: int = 1,
+               *, isolate: bool = True, timeout: float | None = None, sanitize: str | None = None, force: bool = False):
     from kdtr import report
     from kdtr.kernels import resolve_kernel
     from kdtr.verify import find_bundles, run_verify
 
     kernel = resolve_kernel(kernel_spec)
-    paths = find_bundles(sources, jobs=jobs)
+    if sanitize:  # fail on a missing compute-sanitizer before generating or loading anything
+        from kdtr.isolate import sanitizer_command
+
+        sanitizer_command(sanitize)
+    paths = find_bundles(sources, jobs=jobs, force=force)
     with report.progress(len(paths), f"verify {kernel.name}") as advance:
-        rep = run_verify(kernel, paths, repeat=repeat, overrides=overrides, on_case=lambda r: advance(r.case))
+        rep = run_verify(kernel, paths, repeat=repeat, overrides=overrides, on_case=lambda r: advance(r.case),
+                         isolate=isolate, timeout=timeout, sanitize=sanitize, spec=kernel_spec)
     if json_file:
         from kdtr.bundle import atomic_write_bytes
 
@@ -226,7 +232,8 @@ def render_verify(d: dict) -> None:
                      err, rel, report.fmt(out["ratio"]) if out else "-", report.fmt(lse["max_abs"]) if lse else "-",
                      report.status_text(r["status"]), report.escape((r["message"] + worst + nodes)[:160])))
     counts = ", ".join(f"{k} {v}" for k, v in sorted(d["counts"].items()))
-    report.table(f"kdtr verify --kernel {d['kernel']} ({d['device']})",
+    how = f", under compute-sanitizer {d['sanitizer']}" if d.get("sanitizer") else ""
+    report.table(f"kdtr verify --kernel {d['kernel']} ({d['device']}{how})",
                  ["case", "BxTxH", "tree", "kv/out", "max|err| / atol", "rel-norm / bound", "worst ratio", "lse err",
                   "status", "detail"], rows, right=("max|err| / atol", "rel-norm / bound", "worst ratio", "lse err"),
                  caption=f"{counts} in {d['seconds']:.1f} s")

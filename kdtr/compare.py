@@ -92,6 +92,15 @@ class Check:
         d["tol"] = self.tol.to_json()
         return d
 
+    @classmethod
+    def from_json(cls, d: dict) -> Check:
+        """Inverse of ``to_json`` (how a case verified in a child process comes back)."""
+        d = dict(d)
+        d["status"], d["tol"] = Status(d["status"]), Tol(**d["tol"])
+        d["worst"] = None if d.get("worst") is None else tuple(d["worst"])
+        d["depth_ratio"] = {int(k): v for k, v in (d.get("depth_ratio") or {}).items()}
+        return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
+
 
 def compare(got: np.ndarray, want: np.ndarray, tol: Tol, output: str = "out", depth: np.ndarray | None = None) -> Check:
     """Compare got (float32 or float64) with want (float64 reference); depth: [B, T] node depths."""

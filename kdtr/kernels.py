@@ -6,8 +6,9 @@ A kernel spec is one of
     id and the table label);
   * ``path/to/file.cu:symbol``: a CUDA kernel taking ``const KdtrParams`` (contract in
     cuda/kdtr_abi.h; ``{kv}`` / ``{out}`` in the symbol pick the dtypes);
-  * ``package.module:callable``: a Python callable on cupy arrays or torch tensors
-    (kdtr.launch.PyCallableKernel documents the signature).
+  * ``package.module:callable``: a Python callable on cupy arrays or torch tensors, or on numpy
+    arrays without a GPU when it has ``kdtr_device = "cpu"`` (kdtr.launch.PyCallableKernel
+    documents the signature).
 """
 
 from __future__ import annotations
@@ -203,7 +204,10 @@ def _python_kernel(spec: str, module_name: str, attr: str) -> Kernel:
         obj = getattr(obj, part)
     if not callable(obj):
         raise KernelSpecError(f"{spec}: {attr!r} is a {type(obj).__name__}, not a callable")
-    return PyCallableKernel(obj, spec, caps=Caps())
+    device = getattr(obj, "kdtr_device", "cuda")
+    if device not in ("cuda", "cpu"):
+        raise KernelSpecError(f"{spec}: kdtr_device must be 'cuda' or 'cpu', got {device!r}")
+    return PyCallableKernel(obj, spec, caps=Caps(needs_gpu=device == "cuda"))
 
 
 __all__ = [

@@ -341,15 +341,37 @@ class PyCallableKernel:
     out_dtype)`` returning out or (out, lse), on cupy arrays, or torch tensors when
     ``fn.kdtr_framework == "torch"``. bf16 arrives as raw uint16 bits (cupy) or torch.bfloat16;
     out_dtype is "fp32" or "bf16"; the tree mask is int32 for torch (torch lacks uint32 ops).
+
+    ``fn.kdtr_device = "cpu"``: no GPU at all; fn gets the numpy arrays as stored (bf16 as
+    ml_dtypes.bfloat16, the mask uint32) and returns numpy arrays; ms is the whole call.
     """
 
     def __init__(self, fn, name: str, caps=None):
         self.fn, self.name = fn, name
         self.framework = getattr(fn, "kdtr_framework", "cupy")
+        self.device = getattr(fn, "kdtr_device", "cuda")
         self.caps = getattr(fn, "kdtr_caps", None) or caps
         self.writes_lse = bool(getattr(fn, "kdtr_writes_lse", True))
 
+    def _run_cpu(self, problem, out_dtype: str) -> RunOutput:
+        import time
+
+        problem.validate()
+        args = [np.ascontiguousarray(a) for a in (problem.q, problem.kv_cache)] + [
+            np.ascontiguousarray(a, t) for a, t in ((problem.block_table, np.int32), (problem.prefix_lens, np.int32),
+                                                    (problem.tree_mask, np.uint32))]
+        t0 = time.perf_counter()
+        try:
+            res = self.fn(*args, scale=float(problem.scale), page_size=problem.page_size, out_dtype=out_dtype)
+        except Exception as e:
+            raise KernelRuntimeError(f"{self.name}: {type(e).__name__}: {e}") from e
+        ms = (time.perf_counter() - t0) * 1e3
+        out, lse = res if isinstance(res, (tuple, list)) else (res, None)
+        return RunOutput(_to_f32(out), None if lse is None else _to_f32(lse), ms)
+
     def run(self, problem, out_dtype: str) -> RunOutput:
+        if self.device == "cpu":
+            return self._run_cpu(problem, out_dtype)
         cp = _cupy()
         dp = DeviceProblem(problem, out_dtype)
         args = [dp.q, dp.kv_cache, dp.block_table, dp.prefix_lens, dp.tree_mask]

@@ -4,6 +4,10 @@ The flow per bundle: can the kernel take it (else SKIPPED, with the reason), run
 poisoned first by the launcher), compare out and lse with the float64 reference, and with
 --repeat require bit-identical re-runs (else RACE). Failures of the kernel itself (compile
 errors, CUDA errors) become statuses of that case, never exceptions out of the run.
+
+With ``isolate=True`` (the CLI's default) each case runs in a child process (kdtr.isolate), so a
+kernel that segfaults, aborts, traps or hangs fails that case only (RUNTIME_ERROR / TIMEOUT), and
+``sanitize`` runs each child under compute-sanitizer (SANITIZER on findings).
 """
 
 from __future__ import annotations
@@ -55,14 +59,25 @@ class CaseResult:
             "checks": [c.to_json() for c in self.checks], "message": self.message, "ms": self.ms, "path": self.path,
         }
 
+    @classmethod
+    def from_json(cls, d: dict) -> CaseResult:
+        """Inverse of ``to_json``."""
+        return cls(d["case"], d["kernel"], Status(d["status"]), dict(d.get("shape") or {}),
+                   [Check.from_json(c) for c in d.get("checks") or []], d.get("message") or "", d.get("ms"),
+                   d.get("path") or "")
 
-def find_bundles(sources: list[str], cache_dir: str | os.PathLike | None = None, jobs: int = 1) -> list[Path]:
-    """Bundles from files, directories, globs or suite names (generated into a cache if missing)."""
+
+def find_bundles(sources: list[str], cache_dir: str | os.PathLike | None = None, jobs: int = 1,
+                 force: bool = False) -> list[Path]:
+    """Bundles from files, directories, globs or suite names (generated into a cache if missing).
+
+    force: go ahead with generating a suite even where generation's own checks would refuse.
+    """
     found: list[Path] = []
     for src in sources:
         p = Path(src)
         if src in suites.SUITES:
-            found += suite_bundles(src, cache_dir, jobs)
+            found += suite_bundles(src, cache_dir, jobs, force=force)
         elif p.is_dir():
             hits = sorted(p.rglob("*.kdtr"))
             if not hits:
@@ -90,8 +105,11 @@ def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
     return Path(root)
 
 
-def suite_bundles(name: str, cache_dir=None, jobs: int = 1) -> list[Path]:
-    """The bundle files of a suite: committed goldens where present, else generated on demand."""
+def suite_bundles(name: str, cache_dir=None, jobs: int = 1, force: bool = False) -> list[Path]:
+    """The bundle files of a suite: committed goldens where present, else generated on demand.
+
+    force: accepted and not used yet (to be passed to generation's memory check).
+    """
     from kdtr.generate import generate
 
     specs = suites.suite(name)
@@ -113,11 +131,20 @@ def shape_of(b: Bundle) -> dict:
     }
 
 
-def verify_bundle(kernel, bundle: Bundle, repeat: int = 1, overrides: dict | None = None) -> CaseResult:
+def new_result(kernel, bundle: Bundle) -> CaseResult:
+    """A PASS result for (kernel, bundle) to fill in, or SKIPPED (with the reason) when the kernel
+    does not take this bundle."""
     res = CaseResult(bundle.name, kernel.name, Status.PASS, shape_of(bundle), path=str(bundle.path or ""))
     why = kernel.caps.why_not(bundle.problem, bundle.out_dtype)
     if why:
         res.status, res.message = Status.SKIPPED, why
+    return res
+
+
+def verify_bundle(kernel, bundle: Bundle, repeat: int = 1, overrides: dict | None = None) -> CaseResult:
+    """Verify in this process (a kernel that crashes the process takes the run with it)."""
+    res = new_result(kernel, bundle)
+    if res.status is Status.SKIPPED:
         return res
     try:
         first = kernel.run(bundle.problem, bundle.out_dtype)
@@ -169,6 +196,10 @@ class VerifyReport:
     """Wall time of the whole run."""
     device: str = "cpu"
     """Where the kernel ran."""
+    isolated: bool = False
+    """Each case ran in its own child process."""
+    sanitizer: str | None = None
+    """compute-sanitizer tool every case ran under, or None."""
 
     @property
     def counts(self) -> dict[str, int]:
@@ -185,17 +216,37 @@ class VerifyReport:
     def to_json(self) -> dict:
         return {
             "kernel": self.kernel, "device": self.device, "seconds": self.seconds, "counts": self.counts,
-            "failed": self.failed, "results": [r.to_json() for r in self.results],
+            "failed": self.failed, "isolated": self.isolated, "sanitizer": self.sanitizer,
+            "results": [r.to_json() for r in self.results],
         }
 
 
-def run_verify(kernel, paths: list[Path], repeat: int = 1, overrides: dict | None = None, on_case=None) -> VerifyReport:
-    """Verify `kernel` (a kdtr.kernels kernel object) on every bundle path."""
+def run_verify(kernel, paths: list[Path], repeat: int = 1, overrides: dict | None = None, on_case=None, *,
+               isolate: bool = False, timeout: float | None = None, sanitize: str | None = None,
+               spec: str | None = None) -> VerifyReport:
+    """Verify `kernel` (a kdtr.kernels kernel object) on every bundle path.
+
+    isolate: run each case in a child process (kdtr.isolate) that re-resolves the kernel from
+    ``spec`` (default: kernel.name, which is the spec of every kernel resolve_kernel returns);
+    a crash is RUNTIME_ERROR, no result within ``timeout`` seconds (None: kdtr.isolate's
+    default_timeout per case) is TIMEOUT. sanitize: a compute-sanitizer tool (memcheck,
+    racecheck, initcheck, synccheck) to run each child under; implies isolate. InputError
+    when it is unknown or compute-sanitizer is not installed.
+    """
     t0 = time.perf_counter()
+    isolate = isolate or bool(sanitize)
+    if isolate:
+        from kdtr import isolate as iso
+
+        sanitizer = iso.sanitizer_command(sanitize) if sanitize else None
     results = []
     for path in paths:
-        r = verify_bundle(kernel, load_bundle(path), repeat=repeat, overrides=overrides)
+        if isolate:
+            r = iso.run_case(kernel, spec or kernel.name, path, repeat, overrides, timeout, sanitizer)
+        else:
+            r = verify_bundle(kernel, load_bundle(path), repeat=repeat, overrides=overrides)
         results.append(r)
         if on_case:
             on_case(r)
-    return VerifyReport(kernel.name, results, time.perf_counter() - t0, getattr(kernel, "device", "cpu"))
+    return VerifyReport(kernel.name, results, time.perf_counter() - t0, getattr(kernel, "device", "cpu"),
+                        isolated=isolate, sanitizer=sanitize or None)

@@ -57,6 +57,19 @@ for mode in "${@:-check}"; do
         --prefix 32k --batch 1,32 --json "$LOGS/bench_quick_mem.json"
       python3 scripts/bench_summary.py "$LOGS"/bench_quick*.json >>"$SUMMARY"
       ;;
+    robust)  # crash / trap / hang isolation and compute-sanitizer (tests/test_gpu_isolation.py)
+      stage pytest_robust timeout 420 python3 -m pytest -q -rs -s -m gpu -p no:cacheprovider tests/test_gpu_isolation.py
+      tail -n 30 "$LOGS/pytest_robust.log" >>"$SUMMARY"
+      ;;
+    devices)  # the same small sweep on one GPU and spread over every local GPU (--devices N)
+      n=$(nvidia-smi -L | wc -l)
+      stage bench_dev1 $KDTR bench -k flash --baselines eager --model kimi-k2 --tp 8 --budget 0,4 --prefix 32k \
+        --batch 1,32 --json "$LOGS/bench_dev1.json"
+      stage bench_devN $KDTR bench -k flash --baselines eager --model kimi-k2 --tp 8 --budget 0,4 --prefix 32k \
+        --batch 1,32 --devices "$n" --json "$LOGS/bench_devN.json"
+      note "GPUs: $n"
+      python3 scripts/bench_summary.py "$LOGS/bench_dev1.json" "$LOGS/bench_devN.json" >>"$SUMMARY"
+      ;;
     mtmem)  # flash row tile 1 / 2 / 4 on the memory set
       for mt in 1 2 4; do
         export KDTR_FLASH_MT=$mt
