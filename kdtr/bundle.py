@@ -14,6 +14,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import secrets
 import struct
 from dataclasses import dataclass
@@ -28,6 +29,9 @@ from kdtr.problem import Problem, mask_words
 FORMAT = "kdtr-bundle"
 VERSION = 1
 META_KEY = "kdtr"
+META_SHA_KEY = "kdtr_sha256"
+"""__metadata__ key of the sha256 of the metadata string: the tensors have checksums, and so does
+the metadata (scale, tolerances...), so that no flipped bit anywhere in a bundle goes unnoticed."""
 DTYPES = {"F64": np.dtype("<f8"), "F32": np.dtype("<f4"), "BF16": np.dtype(ml_dtypes.bfloat16),
           "I32": np.dtype("<i4"), "U32": np.dtype("<u4")}
 """safetensors dtype code -> numpy dtype (all little endian)."""
@@ -40,6 +44,13 @@ REQUIRED = tuple(n for n in TENSOR_ORDER if n != "draft_logp")
 CALLER_KEYS = ("case", "out_dtype", "tree", "seed", "tolerances", "generator", "spec")
 """Metadata keys save_bundle needs from its caller; it fills in the rest."""
 DIM_KEYS = ("B", "T", "H", "Dk", "Dv", "page_size", "num_pages", "max_pages")
+HEADER_BASE = 16 << 10
+HEADER_DATA_RATIO = 64
+"""Header size limit: HEADER_BASE bytes plus one byte per HEADER_DATA_RATIO data bytes (header_limit)."""
+MAX_PROBLEM = 400
+"""Longest problem text a BundleError carries (a hostile header may hold huge names or values)."""
+TEMP_NAME = re.compile(r"^\.(?P<target>.+)\.(?P<pid>\d+)\.[0-9a-f]{8}\.tmp$")
+"""Temporary files kdtr writes next to their target: ``.{target name}.{pid}.{8 hex}.tmp``."""
 _CHUNK = 1 << 20
 
 
@@ -51,7 +62,8 @@ class BundleError(Exception):
 
     def __init__(self, path, problem: str | None = None):
         self.path = os.fspath(path) if problem is not None else None
-        self.problem = " ".join(str(path if problem is None else problem).split())
+        text = " ".join(str(path if problem is None else problem).split())
+        self.problem = text if len(text) <= MAX_PROBLEM else text[: MAX_PROBLEM - 3] + "..."
         super().__init__(self.problem if self.path is None else f"{self.path}: {self.problem}")
 
     def __reduce__(self):
@@ -100,25 +112,79 @@ class Bundle:
         return self.meta["tree"]["family"]
 
 
+def temp_path(path) -> str:
+    """A fresh temporary name next to ``path``, owned by this process (see remove_stale_temps)."""
+    folder, base = os.path.split(os.path.abspath(os.fspath(path)))
+    return os.path.join(folder, f".{base}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+
+
 @contextlib.contextmanager
-def atomic_writer(path, text: bool = False) -> Iterator[IO]:
-    """Yield a file; on clean exit it is fsynced and renamed onto ``path``, else removed."""
+def exclusive_writer(path, text: bool = False) -> Iterator[IO]:
+    """Yield a newly created file (it must not exist); on clean exit it is fsynced, else removed."""
     path = os.fspath(path)
-    folder, base = os.path.split(os.path.abspath(path))
-    tmp = os.path.join(folder, f".{base}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
     kw = {"mode": "w", "encoding": "utf-8", "newline": "\n"} if text else {"mode": "wb"}
     try:
         with os.fdopen(fd, **kw) as f:
             yield f
             f.flush()
             os.fsync(f.fileno())
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        raise
+
+
+@contextlib.contextmanager
+def atomic_writer(path, text: bool = False) -> Iterator[IO]:
+    """Yield a file; on clean exit it is fsynced and renamed onto ``path``, else removed."""
+    tmp = temp_path(path)
+    with exclusive_writer(tmp, text) as f:
+        yield f
+    publish(tmp, path)
+
+
+def publish(tmp, path) -> None:
+    """Rename a complete temporary file onto ``path`` (atomic) and make the rename durable."""
+    try:
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
-    _fsync_dir(folder)
+    _fsync_dir(os.path.dirname(os.path.abspath(os.fspath(path))))
+
+
+def remove_stale_temps(folder) -> list[str]:
+    """Delete kdtr temporary files in ``folder`` whose writing process is gone; returns their names.
+
+    A killed writer leaves its temporary file behind (never a half-written target). Files of a
+    process that still runs on this machine are kept: it may be another kdtr writing there now.
+    """
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return []
+    removed = []
+    for name in names:
+        m = TEMP_NAME.match(name)
+        if m and not _alive(int(m["pid"])):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(folder, name))
+                removed.append(name)
+    return sorted(removed)
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (OverflowError, OSError):
+        return True  # exists under another user (EPERM), or cannot tell: keep its files
+    return True
 
 
 def _fsync_dir(folder: str) -> None:
@@ -158,6 +224,11 @@ def _dumps(obj) -> str:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False, ensure_ascii=True)
 
 
+def metadata_strings(meta_text: str) -> dict[str, str]:
+    """The safetensors ``__metadata__`` map for a serialised kdtr metadata object."""
+    return {META_KEY: meta_text, META_SHA_KEY: hashlib.sha256(meta_text.encode("utf-8")).hexdigest()}
+
+
 def _encode_header(tensors: dict[str, np.ndarray], metadata: dict[str, str]) -> bytes:
     """8-byte length + JSON header, space-padded so the data starts 8-byte aligned."""
     header: dict = {"__metadata__": metadata}
@@ -171,8 +242,12 @@ def _encode_header(tensors: dict[str, np.ndarray], metadata: dict[str, str]) -> 
     return struct.pack("<Q", len(text)) + text
 
 
-def save_bundle(path, problem: Problem, out, lse, meta: dict, draft_logp=None) -> str:
-    """Validate, then atomically write a bundle; returns the sha256 of the whole file."""
+def save_bundle(path, problem: Problem, out, lse, meta: dict, draft_logp=None, atomic: bool = True) -> str:
+    """Validate, then atomically write a bundle; returns the sha256 of the whole file.
+
+    atomic=False writes ``path`` itself, which must not exist yet: for a caller that stages the
+    file under a temporary name (temp_path) and renames it into place later (publish).
+    """
     problem.validate()
     tensors = {"out": out, "lse": lse, "draft_logp": draft_logp}
     tensors.update({n: getattr(problem, n) for n in TENSOR_ORDER[3:]})
@@ -190,9 +265,9 @@ def save_bundle(path, problem: Problem, out, lse, meta: dict, draft_logp=None) -
                 kv_dtype=problem.kv_dtype, checksums={n: tensor_sha256(a) for n, a in tensors.items()})
     _check_all({n: (_dtype_code(n, a), list(a.shape)) for n, a in tensors.items()}, full)
     _check_data(_make_problem(tensors, full))
-    head = _encode_header(tensors, {META_KEY: _dumps(full)})
+    head = _encode_header(tensors, metadata_strings(_dumps(full)))
     digest = hashlib.sha256(head)
-    with atomic_writer(path) as f:
+    with (atomic_writer if atomic else exclusive_writer)(path) as f:
         f.write(head)
         for a in tensors.values():
             raw = _raw(a)
@@ -208,6 +283,10 @@ def _read_header(f, size: int) -> tuple[dict, int]:
     (n,) = struct.unpack("<Q", f.read(8))
     if n > size - 8:
         raise _Invalid(f"truncated or not a kdtr bundle: header length field claims {n} bytes, {size - 8} follow")
+    limit = header_limit(size - 8 - n)
+    if n > limit:
+        raise _Invalid(f"not a kdtr bundle or corrupt: a {n}-byte header with {size - 8 - n} data bytes "
+                       f"(a kdtr header is at most {limit} bytes with that much data)")
     try:
         header = json.loads(f.read(n).decode("utf-8"), object_pairs_hook=_no_duplicates)
     except (UnicodeDecodeError, ValueError, RecursionError) as e:
@@ -217,11 +296,25 @@ def _read_header(f, size: int) -> tuple[dict, int]:
     return header, 8 + n
 
 
+def header_limit(data_len: int) -> int:
+    """Largest header kdtr accepts in front of ``data_len`` data bytes.
+
+    A parsed JSON object costs up to ~30x its text in Python objects, so an unbounded header
+    would let a small hostile file allocate far more than its size. Real headers are about
+    2.5 KB plus a few bytes per request, and every request brings kilobytes of data.
+    """
+    return HEADER_BASE + data_len // HEADER_DATA_RATIO
+
+
 def _no_duplicates(pairs: list) -> dict:
-    keys = [k for k, _ in pairs]
-    if len(set(keys)) != len(keys):
-        raise _Invalid(f"repeated key {next(k for k in keys if keys.count(k) > 1)!r}")
-    return dict(pairs)
+    out = dict(pairs)
+    if len(out) != len(pairs):  # find the first repeat in one pass (hostile headers have many keys)
+        seen = set()
+        for k, _ in pairs:
+            if k in seen:
+                raise _Invalid(f"repeated key {k!r}")
+            seen.add(k)
+    return out
 
 
 def _parse_meta(header: dict) -> dict:
@@ -231,6 +324,9 @@ def _parse_meta(header: dict) -> dict:
         raise _Invalid(f"not a kdtr bundle (no {META_KEY!r} metadata string)")
     if not all(isinstance(k, str) and isinstance(v, str) for k, v in md.items()):
         raise _Invalid("__metadata__ must map strings to strings")
+    want = md.get(META_SHA_KEY)  # absent in bundles written before kdtr recorded it
+    if want is not None and hashlib.sha256(md[META_KEY].encode("utf-8", "surrogatepass")).hexdigest() != want:
+        raise _Invalid("metadata checksum mismatch (the header is corrupt: regenerate it)")
     try:
         meta = json.loads(md[META_KEY], object_pairs_hook=_no_duplicates)
     except (ValueError, RecursionError) as e:
@@ -257,7 +353,7 @@ def _parse_entries(header: dict, data_len: int) -> dict[str, tuple[str, list, in
         if not isinstance(e, dict) or not {"dtype", "shape", "data_offsets"} <= e.keys():
             raise _Invalid(f"tensor {name!r}: header entry needs dtype, shape and data_offsets")
         code, shape, offs = e["dtype"], e["shape"], e["data_offsets"]
-        if code not in DTYPES:
+        if not isinstance(code, str) or code not in DTYPES:
             raise _Invalid(f"tensor {name!r}: unsupported dtype {code!r} (supported: {', '.join(DTYPES)})")
         if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape):
             raise _Invalid(f"tensor {name!r}: shape must be a list of non-negative integers")
@@ -266,12 +362,28 @@ def _parse_entries(header: dict, data_len: int) -> dict[str, tuple[str, list, in
         begin, end = offs
         if end > data_len:
             raise _Invalid(f"truncated: tensor {name!r} ends at data byte {end} of {data_len}")
-        need = math.prod(shape) * DTYPES[code].itemsize  # exact int: no overflow, no allocation
+        need = _nbytes(shape, DTYPES[code].itemsize, data_len)
         if end - begin != need:
-            raise _Invalid(f"tensor {name!r}: data_offsets span {end - begin} bytes but {code}{shape} needs {need}")
+            shown = need if need <= data_len else f"more than the {data_len} data bytes"
+            raise _Invalid(f"tensor {name!r}: data_offsets span {end - begin} bytes but {code}{_show(shape)} needs {shown}")
         entries[name] = (code, shape, begin, end)
     _check_tiling(entries, data_len)
     return entries
+
+
+def _nbytes(shape: list, itemsize: int, cap: int) -> int:
+    """Exact byte size of a tensor, or some number above ``cap`` as soon as it must exceed it.
+
+    Stops early so that a hostile shape of many huge dims costs no big-integer arithmetic.
+    """
+    if 0 in shape:
+        return 0
+    n = itemsize
+    for d in shape:
+        n *= d
+        if n > cap:
+            return n
+    return n
 
 
 def _check_tiling(entries: dict, data_len: int) -> None:
@@ -317,6 +429,9 @@ def _check_all(entries: dict[str, tuple], meta: dict) -> None:
 
 
 def _show(shape: list) -> str:
+    """'[2, 5, 576]'; a hostile many-dim shape as '[9, 9, 9, 9, ... (500 dims)]'."""
+    if len(shape) > 8:
+        return "[" + ", ".join(str(d) for d in shape[:4]) + f", ... ({len(shape)} dims)]"
     return "[" + ", ".join(str(d) for d in shape) + "]"
 
 

@@ -8,13 +8,14 @@ NaN in every slot no request owns, a block table, per-request DDTree trees.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
 from kdtr import presets, trees
-from kdtr.presets import DK
-from kdtr.problem import Problem
+from kdtr.presets import DK, DV
+from kdtr.problem import Problem, mask_words
 from kdtr.rng import Stream
 
 
@@ -87,7 +88,7 @@ class CaseSpec:
     @property
     def name(self) -> str:
         short = presets.SHORT.get(presets.model(self.model).name, self.model)
-        plist = ".".join(_size(p) for p in self.prefix_lens)
+        plist = _plist(self.prefix_lens)
         tree = "root" if self.family == "root" else f"{self.family}{self.budget}"
         if self.family == "ddtree":
             tree += f"{self.profile[0]}"
@@ -111,11 +112,29 @@ class CaseSpec:
         return cls(**d)
 
     def nbytes_estimate(self) -> int:
-        """Bytes of the bundle (inputs + float64 expected outputs), for refusing huge shapes."""
+        """Bytes of the bundle's data region: every tensor as stored (the header adds ~2.5 KB).
+
+        Exact for generated bundles; kdtr.resources estimates the memory it takes to make them.
+        """
         es = presets.dtype_of(self.kv_dtype).itemsize
-        toks = sum(-(-(p + self.T) // self.page_size) * self.page_size for p in self.prefix_lens)
-        rows = self.B * self.T * self.H
-        return (toks + self.page_size) * DK * es + rows * (DK * es + 512 * 4 + 8)
+        T, B = self.T, self.B
+        pages = [-(-(p + T) // self.page_size) for p in self.prefix_lens]
+        rows = B * T * self.H
+        cache = (sum(pages) + 1) * self.page_size * DK * es  # one spare all-NaN page
+        ints = B * max(pages) + B + 2 * B * T + B * T * mask_words(T)  # block table, P, parent, depth, mask
+        logp = B * presets.DRAFT_DEPTH * min(self.budget, presets.VOCAB) * 8 if self.family == "ddtree" else 0
+        return cache + rows * (DK * es + DV * 4 + 8) + 4 * ints + logp
+
+
+def _plist(prefix_lens: tuple[int, ...]) -> str:
+    """'0.65.8k'; a batch of B equal prefixes 'P x B' ('32kx32'); long mixed lists by range and a hash."""
+    ps = list(prefix_lens)
+    if len(ps) > 1 and len(set(ps)) == 1:
+        return f"{_size(ps[0])}x{len(ps)}"
+    if len(ps) <= 6:
+        return ".".join(_size(p) for p in ps)
+    digest = hashlib.sha256(",".join(map(str, ps)).encode()).hexdigest()[:6]
+    return f"{_size(min(ps))}-{_size(max(ps))}n{len(ps)}h{digest}"
 
 
 def _size(n: int) -> str:

@@ -24,7 +24,7 @@ def _user_error_types() -> tuple[type, ...]:
     from kdtr.trees import TreeError
     from kdtr.verify import InputError
 
-    types = [BundleError, TreeError, InputError, UserError, ValueError, FileNotFoundError, IsADirectoryError]
+    types = [BundleError, TreeError, InputError, UserError, ValueError, OSError]
     try:
         from kdtr.kernels import KernelSpecError
 
@@ -95,7 +95,8 @@ def list_cmd(as_json):
 @click.option("--kv-dtype", default="bf16", show_default=True, help="fp32 or bf16 storage.")
 @click.option("--out-dtype", default=None, help="fp32 or bf16 output [= kv dtype].")
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
-def gen(suite, out_dir, seed, jobs, check, as_json, **shape):
+@click.option("--force", is_flag=True, help="Generate even cases estimated not to fit in host memory.")
+def gen(suite, out_dir, seed, jobs, check, as_json, force, **shape):
     """Generate golden .kdtr bundles (a suite or one explicit shape)."""
     from kdtr import commands
 
@@ -104,7 +105,7 @@ def gen(suite, out_dir, seed, jobs, check, as_json, **shape):
         _emit(data, as_json, commands.render_check)
         sys.exit(EXIT_OK if data["ok"] else EXIT_FAIL)
     specs, default_out = commands.gen_specs(suite, seed, shape)
-    data = commands.gen_run(specs, out_dir or default_out, jobs, quiet=as_json)
+    data = commands.gen_run(specs, out_dir or default_out, jobs, quiet=as_json, force=force)
     _emit(data, as_json, commands.render_gen)
 
 

@@ -79,13 +79,13 @@ def gen_specs(suite: str | None, seed: int | None, shape: dict):
     return specs, "bundles"
 
 
-def gen_run(specs, out_dir: str, jobs: int, quiet: bool = False) -> dict:
+def gen_run(specs, out_dir: str, jobs: int, quiet: bool = False, force: bool = False) -> dict:
     from kdtr import report
     from kdtr.generate import generate
 
     t0 = time.perf_counter()
     with (report.progress(len(specs), "generating") if not quiet else _null_progress()) as advance:
-        results = generate(specs, out_dir, jobs=jobs, on_done=lambda r: advance(r.name))
+        results = generate(specs, out_dir, jobs=jobs, on_done=lambda r: advance(r.name), force=force)
     return {
         "out_dir": str(out_dir), "seconds": time.perf_counter() - t0, "jobs": jobs,
         "total_bytes": sum(r.nbytes for r in results),

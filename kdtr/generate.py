@@ -1,13 +1,25 @@
-"""Golden generation: case -> inputs -> float64 reference -> atomically written bundle.
+"""Golden generation: case -> inputs -> float64 reference -> bundle, recorded in MANIFEST.json.
 
-Each finished bundle is recorded in the directory's MANIFEST.json (rewritten atomically), so
-a killed ``kdtr gen`` leaves every listed bundle whole and matching its checksum.
-``check`` regenerates bundles and proves they are reproducible: inputs byte-identical,
-outputs within 1e-12 relative.
+``kdtr gen`` may be killed at any instant (Ctrl-C, OOM killer, a lost machine), so a goldens
+directory keeps one invariant at every moment: each bundle MANIFEST.json lists exists and has
+the listed sha256, and each ``*.kdtr`` file is complete. Per case, in this order:
+
+1. a worker writes the bundle under a temporary name (``.NAME.kdtr.PID.HEX.tmp``) and fsyncs it;
+2. if the manifest lists NAME.kdtr with a different sha256, that entry is removed first (atomic
+   manifest rewrite): the old file stays valid, merely unlisted, until it is replaced;
+3. the temporary file is renamed onto NAME.kdtr (atomic) and the directory fsynced;
+4. the entry with the new sha256 is added (atomic manifest rewrite).
+
+So a kill leaves at worst a temporary file, which the next ``generate`` in that directory
+removes once its writer is gone, or a complete bundle not listed (yet), which ``check`` reports
+and the next ``generate`` of that case lists. Cases that would not fit in host memory are
+refused before anything is written (kdtr.resources). ``check`` regenerates bundles and proves
+they are reproducible: inputs byte-identical, outputs within 1e-12 relative.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -19,9 +31,11 @@ from typing import Callable, Iterable
 import numpy as np
 
 from kdtr import __version__, tolerances
-from kdtr.bundle import Bundle, BundleError, atomic_write_bytes, file_sha256, load_bundle, save_bundle
+from kdtr.bundle import (Bundle, BundleError, atomic_write_bytes, file_sha256, load_bundle, publish,
+                         remove_stale_temps, save_bundle, temp_path)
 from kdtr.cases import CaseSpec, build_problem, draft_logp
 from kdtr.reference import reference
+from kdtr.resources import check_fits
 
 MANIFEST = "MANIFEST.json"
 MANIFEST_FORMAT = "kdtr-manifest"
@@ -46,6 +60,8 @@ class GenResult:
     """Wall time to build and write it."""
     spec: CaseSpec
     """The case."""
+    staged: str | None = None
+    """The complete temporary file, until generate renames it onto path (then None)."""
 
 
 def build_bundle(spec: CaseSpec, keep_exact: bool = False) -> Bundle:
@@ -71,12 +87,14 @@ def build_bundle(spec: CaseSpec, keep_exact: bool = False) -> Bundle:
     return Bundle(path=None, problem=prob, out=out, lse=lse, draft_logp=draft_logp(tlist), meta=meta)
 
 
-def write_case(spec: CaseSpec, out_dir: str | os.PathLike) -> GenResult:
+def stage_case(spec: CaseSpec, out_dir: str | os.PathLike) -> GenResult:
+    """Build a case and write it, complete and fsynced, under a temporary name next to its target."""
     t0 = time.perf_counter()
     bnd = build_bundle(spec)
     path = Path(out_dir) / f"{spec.name}.kdtr"
-    sha = save_bundle(path, bnd.problem, bnd.out, bnd.lse, bnd.meta, draft_logp=bnd.draft_logp)
-    return GenResult(spec.name, str(path), sha, path.stat().st_size, time.perf_counter() - t0, spec)
+    staged = temp_path(path)
+    sha = save_bundle(staged, bnd.problem, bnd.out, bnd.lse, bnd.meta, draft_logp=bnd.draft_logp, atomic=False)
+    return GenResult(spec.name, str(path), sha, os.stat(staged).st_size, time.perf_counter() - t0, spec, staged)
 
 
 def read_manifest(out_dir: str | os.PathLike) -> dict:
@@ -92,13 +110,59 @@ def read_manifest(out_dir: str | os.PathLike) -> dict:
         raise BundleError(f"{path}: unreadable manifest ({e}); delete it and run kdtr gen again") from None
 
 
-def _record(out_dir: Path, results: Iterable[GenResult]) -> None:
-    man = read_manifest(out_dir)
+def _write_manifest(out_dir: Path, man: dict) -> None:
     man["generator"] = GENERATOR
-    for r in results:
-        man["bundles"][Path(r.path).name] = {"sha256": r.sha256, "bytes": r.nbytes, "case": r.spec.to_json()}
     man["bundles"] = dict(sorted(man["bundles"].items()))
     atomic_write_bytes(out_dir / MANIFEST, (json.dumps(man, indent=1, sort_keys=True) + "\n").encode())
+
+
+def _record(out_dir: Path, results: Iterable[GenResult]) -> None:
+    man = read_manifest(out_dir)
+    for r in results:
+        man["bundles"][Path(r.path).name] = {"sha256": r.sha256, "bytes": r.nbytes, "case": r.spec.to_json()}
+    _write_manifest(out_dir, man)
+
+
+def _install(out_dir: Path, r: GenResult) -> None:
+    """Steps 2-4 of the module docstring: unlist a differing entry, rename the staged file in, list it."""
+    with _locked(out_dir):
+        man = read_manifest(out_dir)
+        entry = man["bundles"].get(Path(r.path).name)
+        if entry is not None and entry.get("sha256") != r.sha256:
+            del man["bundles"][Path(r.path).name]
+            _write_manifest(out_dir, man)
+        publish(r.staged, r.path)
+        r.staged = None
+        _record(out_dir, [r])
+
+
+@contextlib.contextmanager
+def _locked(folder: Path):
+    """Serialise manifest updates of generators sharing a directory (flock on the folder itself).
+
+    Two `kdtr verify` runs may fill the same suite cache at once; without the lock one could
+    rewrite the manifest from a stale read. Where flock is unavailable this does nothing.
+    """
+    try:
+        import fcntl
+
+        fd = os.open(folder, os.O_RDONLY)
+    except (ImportError, OSError):
+        yield
+        return
+    try:
+        with contextlib.suppress(OSError):
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _discard(results: Iterable[GenResult]) -> None:
+    for r in results:
+        if r.staged:
+            with contextlib.suppress(OSError):
+                os.unlink(r.staged)
 
 
 def generate(
@@ -106,30 +170,45 @@ def generate(
     out_dir: str | os.PathLike,
     jobs: int = 1,
     on_done: Callable[[GenResult], None] | None = None,
+    force: bool = False,
 ) -> list[GenResult]:
-    """Write every case's bundle into out_dir (in `jobs` processes) and record it in the manifest."""
+    """Write every case's bundle into out_dir (in `jobs` processes) and record it in the manifest.
+
+    Raises kdtr.resources.ResourceError, before writing anything, when a case (or `jobs` cases at
+    once) would not fit in host memory; force=True skips that check.
+    """
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     names = [s.name for s in specs]
     dup = {n for n in names if names.count(n) > 1}
     if dup:
         raise ValueError(f"duplicate case names: {', '.join(sorted(dup))}")
+    check_fits(specs, force=force, jobs=jobs)
+    out.mkdir(parents=True, exist_ok=True)
+    remove_stale_temps(out)
     results: list[GenResult] = []
 
     def done(r: GenResult) -> None:
+        try:
+            _install(out, r)
+        finally:
+            _discard([r])
         results.append(r)
-        _record(out, [r])
         if on_done:
             on_done(r)
 
     if jobs <= 1 or len(specs) <= 1:
         for s in specs:
-            done(write_case(s, out))
+            done(stage_case(s, out))
     else:
         with ProcessPoolExecutor(max_workers=jobs) as pool:
-            futs = [pool.submit(write_case, s, out) for s in specs]
-            for f in as_completed(futs):
-                done(f.result())
+            futs = [pool.submit(stage_case, s, out) for s in specs]
+            try:
+                for f in as_completed(futs):
+                    done(f.result())
+            except BaseException:
+                pool.shutdown(wait=True, cancel_futures=True)  # then drop what finished unpublished
+                _discard(f.result() for f in futs if f.done() and not f.cancelled() and f.exception() is None)
+                raise
     order = {n: i for i, n in enumerate(names)}
     return sorted(results, key=lambda r: order[r.name])
 

@@ -108,7 +108,7 @@ def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
 def suite_bundles(name: str, cache_dir=None, jobs: int = 1, force: bool = False) -> list[Path]:
     """The bundle files of a suite: committed goldens where present, else generated on demand.
 
-    force: accepted and not used yet (to be passed to generation's memory check).
+    force: generate even where the memory check (kdtr.resources) would refuse.
     """
     from kdtr.generate import generate
 
@@ -119,7 +119,7 @@ def suite_bundles(name: str, cache_dir=None, jobs: int = 1, force: bool = False)
     out = cache_root(cache_dir) / "suites" / name
     missing = [s for s in specs if not (out / f"{s.name}.kdtr").exists()]
     if missing:
-        generate(missing, out, jobs=jobs)
+        generate(missing, out, jobs=jobs, force=force)
     return [out / f"{s.name}.kdtr" for s in specs]
 
 

@@ -91,10 +91,11 @@ def write_header(path, header, data):
 
 
 def edit_meta(path, fn):
+    """Edit the metadata object and re-sign it (its checksum stays valid), to reach later checks."""
     header, data = header_of(path)
     meta = json.loads(header["__metadata__"]["kdtr"])
     fn(meta)
-    header["__metadata__"]["kdtr"] = json.dumps(meta)
+    header["__metadata__"] = bundle.metadata_strings(json.dumps(meta))
     write_header(path, header, data)
 
 
@@ -331,7 +332,7 @@ def test_absurd_tensor_size_claims_allocate_nothing(tmp_path):
     (struct.pack("<Q", 8) + b"{bad js ", "header is not valid JSON"),
     (struct.pack("<Q", 8) + b'{"\xff":1} ', "header is not valid JSON"),
     (struct.pack("<Q", 8) + b"{}      ", "not a kdtr bundle (no 'kdtr' metadata"),
-    (struct.pack("<Q", 2 + 20000) + b"{" + b"[" * 20000 + b"}", "header is not valid JSON"),
+    (struct.pack("<Q", 12000) + b"[" * 12000, "header is not valid JSON (maximum recursion depth"),
     (struct.pack("<Q", 8 + 6000) + b'{"a":' + b"9" * 6000 + b"}  ", "header is not valid JSON"),
 ])
 def test_not_a_bundle(tmp_path, content, problem):
@@ -379,7 +380,7 @@ def test_kdtr_metadata_not_json(tmp_path):
     path = tmp_path / "a.kdtr"
     save(path)
     header, data = header_of(path)
-    header["__metadata__"]["kdtr"] = "{nope"
+    header["__metadata__"] = bundle.metadata_strings("{nope")
     write_header(path, header, data)
     expect_error(path, "'kdtr' metadata is not valid JSON")
 
@@ -636,3 +637,25 @@ def test_atomic_writer(tmp_path):
     umask = os.umask(0)
     os.umask(umask)
     assert mode == 0o666 & ~umask
+
+
+def test_staged_write_then_publish(tmp_path):
+    """save_bundle(atomic=False) onto a temp_path, then publish: how kdtr gen installs bundles."""
+    final = tmp_path / "a.kdtr"
+    staged = bundle.temp_path(final)
+    assert os.path.dirname(staged) == str(tmp_path) and bundle.TEMP_NAME.match(os.path.basename(staged))
+    assert not staged.endswith(".kdtr")
+    sha = save(staged)
+    assert sha == file_sha256(staged) and not final.exists()
+    with pytest.raises(FileExistsError):  # atomic=False never overwrites
+        out, lse, logp = outputs()
+        save_bundle(staged, make_problem(), out, lse, make_meta(), atomic=False)
+    bundle.publish(staged, final)
+    assert os.listdir(tmp_path) == ["a.kdtr"] and file_sha256(final) == sha
+    load_bundle(final)
+
+
+def test_bundle_error_text_is_capped():
+    e = BundleError("x.kdtr", "tensor " + "n" * 5000 + " is odd")
+    assert len(e.problem) == bundle.MAX_PROBLEM and e.problem.endswith("...")
+    assert pickle.loads(pickle.dumps(e)).problem == e.problem

@@ -81,3 +81,10 @@ def test_ci_suite_covers_every_edge():
 def test_bad_specs_are_refused(bad):
     with pytest.raises(ValueError):
         CaseSpec(**bad)
+
+
+def test_names_stay_short_for_big_batches():
+    equal = CaseSpec(prefix_lens=(32768,) * 32)
+    mixed = CaseSpec(prefix_lens=tuple(range(121)))
+    assert "p32kx32" in equal.name and len(mixed.name) < 80
+    assert CaseSpec(prefix_lens=tuple(range(121))).name == mixed.name != CaseSpec(prefix_lens=tuple(range(1, 122))).name
