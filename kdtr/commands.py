@@ -197,9 +197,10 @@ def verify_run(kernel_spec: str, sources: list[str], repeat: int, overrides: dic
                *, isolate: bool = True, timeout: float | None = None, sanitize: str | None = None, force: bool = False):
     from kdtr import report
     from kdtr.kernels import resolve_kernel
-    from kdtr.verify import find_bundles, run_verify
+    from kdtr.verify import find_bundles, preflight, run_verify
 
     kernel = resolve_kernel(kernel_spec)
+    preflight(kernel)
     if sanitize:  # fail on a missing compute-sanitizer before generating or loading anything
         from kdtr.isolate import sanitizer_command
 

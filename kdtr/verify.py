@@ -123,6 +123,26 @@ def suite_bundles(name: str, cache_dir=None, jobs: int = 1, force: bool = False)
     return [out / f"{s.name}.kdtr" for s in specs]
 
 
+def preflight(kernel) -> None:
+    """Fail fast, as bad input, before any case runs: a CUDA kernel that does not compile (checked
+    through NVRTC, which needs no GPU) or a GPU kernel on a machine without one."""
+    from kdtr import launch, nvrtc
+
+    source, expr_of = getattr(kernel, "source", None), getattr(kernel, "name_expression", None)
+    if source is not None and expr_of is not None and nvrtc.available():
+        caps = kernel.caps
+        expr = expr_of(caps.kv_dtypes[0], caps.out_dtypes[0])
+        arch = launch.device_arch() if launch.gpu_available() else "sm_90"
+        try:
+            nvrtc.compile_file(source, [expr], arch=arch, options=getattr(kernel, "options", ()))
+        except nvrtc.CompileError as e:
+            first = next((ln.strip() for ln in str(e).splitlines() if "error" in ln), str(e).splitlines()[0])
+            raise InputError(f"{kernel.name}: does not compile for {arch}: {first}; fix the source or the symbol") from None
+    if kernel.caps.needs_gpu and not launch.gpu_available():
+        raise InputError(f"{kernel.name} needs a CUDA GPU ({launch.gpu_unavailable_reason()}); run it on a GPU "
+                         "machine, or verify the CPU emulation with -k emulate-flash")
+
+
 def shape_of(b: Bundle) -> dict:
     p = b.problem
     return {

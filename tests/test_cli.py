@@ -68,6 +68,10 @@ def test_fp32_bundles_are_skipped_by_bf16_kernels_with_a_reason(tmp_path):
     (["gen"], "nothing to generate"),
     (["gen", "--suite", "nope"], "unknown suite"),
     (["gen", "--model", "llama", "--prefix", "1"], "unknown model"),
+    (["verify", "-k", "tests/cuda/broken.cu:broken", "smoke"], "does not compile"),
+    (["verify", "-k", "tests/cuda/trap.cu:no_such_symbol", "smoke"], "no_such_symbol"),
+    (["verify", "-k", "tests/cuda/nope.cu:k", "smoke"], "no such CUDA file"),
+    (["verify", "-k", "kdtr.nosuchmodule:fn", "smoke"], "cannot import"),
 ])
 def test_user_errors_are_one_line_exit_2(args, fragment):
     r = CliRunner(mix_stderr=False).invoke(main, args) if "mix_stderr" in CliRunner.__init__.__code__.co_varnames \
@@ -75,6 +79,15 @@ def test_user_errors_are_one_line_exit_2(args, fragment):
     assert r.exit_code == 2, (r.exit_code, r.output)
     text = (r.stderr if hasattr(r, "stderr") and r.stderr else r.output).strip()
     assert fragment in text and "Traceback" not in text and len(text.splitlines()) == 1, text
+
+
+def test_gpu_kernel_without_a_gpu_is_a_user_error():
+    from kdtr.launch import gpu_available
+
+    if gpu_available():
+        pytest.skip("this machine has a GPU")
+    r = CliRunner().invoke(main, ["verify", "-k", "naive", "smoke"])
+    assert r.exit_code == 2 and "needs a CUDA GPU" in r.output and "emulate-flash" in r.output
 
 
 def test_empty_directory_is_a_user_error(tmp_path):
