@@ -61,6 +61,18 @@ for mode in "${@:-check}"; do
       stage pytest_robust timeout 420 python3 -m pytest -q -rs -s -m gpu -p no:cacheprovider tests/test_gpu_isolation.py
       tail -n 30 "$LOGS/pytest_robust.log" >>"$SUMMARY"
       ;;
+    sanitize)  # built-in kernels under memcheck and racecheck on the whole ci suite, 4 runs at once
+      for k in naive flash; do
+        for tool in memcheck racecheck; do
+          (timeout 200 $KDTR verify -k $k ci --sanitize $tool --json "$LOGS/san_${k}_$tool.json" \
+             >"$LOGS/san_${k}_$tool.log" 2>&1; echo "$k $tool rc=$?" >>"$LOGS/san_rc.txt") &
+        done
+      done
+      wait
+      cat "$LOGS/san_rc.txt" >>"$SUMMARY"
+      for f in "$LOGS"/san_*.log; do tail -n 1 "$f" | sed "s|^ *|$(basename "$f" .log): |" >>"$SUMMARY"; done
+      tar -czf "$OUT/logs.tgz" -C "$LOGS" .
+      ;;
     devices)  # the same small sweep on one GPU and spread over every local GPU (--devices N)
       n=$(nvidia-smi -L | wc -l)
       stage bench_dev1 $KDTR bench -k flash --baselines eager --model kimi-k2 --tp 8 --budget 0,4 --prefix 32k \
