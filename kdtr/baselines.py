@@ -100,7 +100,7 @@ class TorchBaseline:
         compiled = torch.compile(flex_attention, dynamic=False)
         runs = []
         for b in range(q.shape[0]):
-            full, tail, pb = self._mask(torch, tails[b], P[b]), tails[b], P[b]
+            full = self._mask(torch, tails[b], P[b])
 
             def mask_mod(bb, hh, qi, kj, full=full):
                 return full[qi, kj]

@@ -3,7 +3,7 @@
 Per shape: build the layout (paged cache, DDTree trees), draw fresh random values on the GPU,
 check every implementation once against a reference (exact float64 for small shapes, the
 naive fp32 kernel for large ones; a failing implementation is not timed), then time each with
-CUDA events, warm-up, a flushed L2 and a median over repetitions (kdtr.launch.time_launcher).
+CUDA events, warm-up, a flushed L2 and a median over repetitions (kdtr.timing.time_launcher).
 
 FLOPs count visible (q, key) pairs only, 2 * H * sum_t (P_b + depth_t + 1) * (576 + 512);
 bytes are the minimum: the KV each request owns read once, q read, out and lse written.
@@ -103,7 +103,8 @@ class Row:
 def bench_shape(spec: CaseSpec, impls: list, peaks: dict, seed: int = 0, check: bool = True, time_kw=None) -> Row:
     """Check, then time every implementation on one shape (all on the same device inputs)."""
     from kdtr.compare import compare
-    from kdtr.launch import DeviceProblem, time_launcher
+    from kdtr.launch import DeviceProblem
+    from kdtr.timing import time_launcher
     from kdtr.tolerances import default
 
     layout, _ = build_problem(spec, values=False)

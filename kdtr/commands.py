@@ -244,7 +244,8 @@ def render_verify(d: dict) -> None:
 
 def bench_peaks(remeasure: bool = False) -> dict:
     """The GPU's copy bandwidth and bf16 GEMM rate, cached per device name and driver."""
-    from kdtr.launch import device_info, measure_peaks
+    from kdtr.launch import device_info
+    from kdtr.timing import measure_peaks
     from kdtr.verify import cache_root
 
     info = device_info()

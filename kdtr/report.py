@@ -88,7 +88,7 @@ def kv_table(title: str, pairs: Iterable[tuple[str, object]]) -> None:
 def tree_picture(parent, depth, labels=None, max_nodes: int = 64) -> None:
     """The tree drawn with rich (node index, depth, optional label)."""
     T = len(parent)
-    root = RichTree(f"[bold]0[/] (root)")
+    root = RichTree("[bold]0[/] (root)")
     nodes = {0: root}
     for i in range(1, min(T, max_nodes)):
         lab = f" {labels[i]}" if labels is not None else ""

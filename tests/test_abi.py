@@ -61,7 +61,7 @@ def test_parse_header_struct_normalises_spacing():
 def test_device_compiler_agrees_with_the_numpy_layout():
     """static_asserts on sizeof / offsetof, compiled by NVRTC: the device ABI is the numpy one."""
     checks = [f"static_assert(sizeof(KdtrParams) == {abi.PARAMS_DTYPE.itemsize}, \"size\");"]
-    checks += [f"static_assert(alignof(KdtrParams) == 8, \"align\");"]
+    checks += ["static_assert(alignof(KdtrParams) == 8, \"align\");"]
     for name, _ in abi.FIELDS:
         off = abi.PARAMS_DTYPE.fields[name][1]
         checks.append(f"static_assert(__builtin_offsetof(KdtrParams, {name}) == {off}, \"{name}\");")

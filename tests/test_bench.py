@@ -94,3 +94,14 @@ def test_committed_sweep_has_both_sets_and_every_baseline():
         assert impls == {"flash", "torch-eager", "torch-sdpa", "torch-flex"}
         flash = next(c for c in r["cells"] if c["impl"] == "flash")
         assert flash["status"] == "ok" and flash["median_ms"] > r["roofline_ms"]  # never faster than the floor
+
+
+def test_timing_without_a_gpu_is_a_clear_error():
+    from kdtr.launch import GpuUnavailable, gpu_available
+    from kdtr.timing import measure_peaks, time_launcher
+
+    if gpu_available():
+        pytest.skip("this machine has a GPU")
+    for call in (lambda: time_launcher(lambda: None), measure_peaks):
+        with pytest.raises(GpuUnavailable):
+            call()

@@ -1,0 +1,80 @@
+"""Timing for `kdtr bench`: CUDA-event medians with a flushed L2, and the GPU's two ceilings.
+
+cupy comes through kdtr.launch (the one module that imports it), so this stays importable
+without a GPU.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kdtr.launch import _cupy, device_info
+
+
+def time_launcher(fn, *, flush_bytes: int = 0, warmup_ms: float = 25.0, budget_ms: float = 1500.0,
+                  min_reps: int = 10, max_reps: int = 400, noise: float = 0.02) -> dict:
+    """Median and IQR of fn's device time by CUDA events (do_bench style).
+
+    Warm-up by time budget (module load and first-launch costs stay out); before every timed
+    repetition a buffer of ``flush_bytes`` (> 2x L2) is overwritten so each repetition starts
+    with a cold L2; repetitions go on until the IQR is under ``noise`` of the median (after
+    min_reps) or the time budget is spent.
+    """
+    import time as _time
+
+    cp = _cupy()
+    flush = cp.empty(max(flush_bytes, 0) // 4, cp.int32) if flush_bytes else None
+    t0 = _time.perf_counter()
+    n = 0
+    while n < 2 or (_time.perf_counter() - t0) * 1e3 < warmup_ms:
+        fn()
+        n += 1
+        cp.cuda.runtime.deviceSynchronize()
+    est_ms = (_time.perf_counter() - t0) * 1e3 / n
+    min_reps = max(3, min(min_reps, int(budget_ms / max(est_ms, 1e-3))))  # slow baselines: fewer reps
+    times: list[float] = []
+    t0 = _time.perf_counter()
+    while len(times) < max_reps:
+        if flush is not None:
+            flush.fill(len(times))
+        start, stop = cp.cuda.Event(), cp.cuda.Event()
+        start.record()
+        fn()
+        stop.record()
+        stop.synchronize()
+        times.append(float(cp.cuda.get_elapsed_time(start, stop)))
+        if len(times) >= min_reps:
+            q1, med, q3 = np.percentile(times, [25, 50, 75])
+            if (q3 - q1) <= noise * med or (_time.perf_counter() - t0) * 1e3 > budget_ms:
+                break
+    q1, med, q3 = np.percentile(times, [25, 50, 75])
+    return {"median_ms": float(med), "iqr_ms": float(q3 - q1), "reps": len(times), "min_ms": float(min(times))}
+
+
+def measure_peaks(copy_bytes: int = 2 << 30, gemm_n: int = 8192) -> dict:
+    """The two roofline ceilings of this GPU, measured now: a device-to-device copy (bytes read +
+    written) and a large bf16 GEMM on random data (torch when present, else cupy fp16, same rate)."""
+    cp = _cupy()
+    src = cp.random.random(copy_bytes // 4, dtype=cp.float32)
+    dst = cp.empty_like(src)
+    copy = time_launcher(lambda: cp.copyto(dst, src), budget_ms=1000)
+    gemm_tflops, how = None, ""
+    try:
+        import torch
+
+        a = torch.randn(gemm_n, gemm_n, device="cuda", dtype=torch.bfloat16)
+        b = torch.randn(gemm_n, gemm_n, device="cuda", dtype=torch.bfloat16)
+        g = time_launcher(lambda: torch.matmul(a, b), budget_ms=1500)
+        how = f"torch.matmul bf16 {gemm_n}^3"
+    except Exception:
+        a = cp.random.standard_normal((gemm_n, gemm_n), dtype=cp.float32).astype(cp.float16)
+        b = cp.random.standard_normal((gemm_n, gemm_n), dtype=cp.float32).astype(cp.float16)
+        g = time_launcher(lambda: cp.matmul(a, b), budget_ms=1500)
+        how = f"cupy.matmul fp16 {gemm_n}^3 (no torch)"
+    gemm_tflops = 2 * gemm_n**3 / (g["median_ms"] * 1e-3) / 1e12
+    info = device_info()
+    return {
+        "device": info["name"], "driver": info["driver_version"], "sm_count": info["sm_count"],
+        "copy_gbs": 2 * copy_bytes / (copy["median_ms"] * 1e-3) / 1e9, "gemm_tflops": gemm_tflops,
+        "copy": copy, "gemm": g, "gemm_method": how, "l2_bytes": info["l2_bytes"],
+    }
