@@ -102,8 +102,6 @@ extern "C" __constant__ int kdtr_flash_config[10] = {
 // ---------------------------------------------------------------------------------------------
 namespace flash {
 
-__device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000u); }
-
 __device__ __forceinline__ unsigned smem_addr(const void* p) {
   return static_cast<unsigned>(__cvta_generic_to_shared(p));
 }
@@ -253,7 +251,7 @@ __global__ void __launch_bounds__(flash::Tile<MT>::NTHREADS, 1) kdtr_flash_verif
   const int st = row_ok ? srow / H : 0;  // tree node of this row
   const unsigned* mrow = mask_b + (long long)st * W;
   const float sc = p.scale * LOG2E * (BUG == KDTR_BUG_SCALE_OFF ? 1.01f : 1.0f);
-  float m_run = neg_inf(), l_run = 0.f;
+  float m_run = kdtr::neg_inf(), l_run = 0.f;
 
   float acc[MT][NT_O][4];
 #pragma unroll
@@ -324,7 +322,7 @@ __global__ void __launch_bounds__(flash::Tile<MT>::NTHREADS, 1) kdtr_flash_verif
 #pragma unroll
         for (int e = 0; e < EPT; ++e) sv[e] += spart[(k * BM + sr) * BN + sk + e];
       const int key0 = tile_key0(i);
-      float mx = neg_inf();
+      float mx = kdtr::neg_inf();
 #pragma unroll
       for (int e = 0; e < EPT; ++e) {
         bool vis;
@@ -334,11 +332,11 @@ __global__ void __launch_bounds__(flash::Tile<MT>::NTHREADS, 1) kdtr_flash_verif
           const int c = key0 - P + sk + e;
           vis = c < T && (((mrow[c >> 5] >> (c & 31)) & 1u) || (BUG == KDTR_BUG_SIBLING_VISIBLE && c == st - 1));
         }
-        sv[e] = (vis && row_ok) ? sv[e] * sc : neg_inf();
+        sv[e] = (vis && row_ok) ? sv[e] * sc : kdtr::neg_inf();
         mx = fmaxf(mx, sv[e]);
       }
       const float m_new = fmaxf(m_run, kdtr::warp_max<TPR>(mx));
-      const float m_use = m_new == neg_inf() ? 0.f : m_new;
+      const float m_use = m_new == kdtr::neg_inf() ? 0.f : m_new;
       const float alpha = exp2f(m_run - m_use);
       float psum = 0.f;
 #pragma unroll
@@ -426,7 +424,7 @@ __global__ void __launch_bounds__(flash::Tile<MT>::NTHREADS, 1) kdtr_flash_verif
       if (warp == 0 && tq == 0) {
         // lse in natural log; the planted merge bug drops the max from the partials' lse
         const float lse2 = BUG == KDTR_BUG_MERGE_WRONG_MAX && !direct ? log2f(l) : m + log2f(l);
-        const float lse = l > 0.f ? lse2 * LN2 : neg_inf();
+        const float lse = l > 0.f ? lse2 * LN2 : kdtr::neg_inf();
         if (direct) p.lse[(long long)b * R + r] = lse;
         else ws_lse[((long long)b * nsplit + split) * R + r] = lse;
       }
@@ -447,7 +445,7 @@ __global__ void __launch_bounds__(32 * COMBINE_WARPS) kdtr_flash_combine(const K
   const float* ws_o = static_cast<const float*>(p.workspace);
   const float* lse_s = ws_o + (long long)p.B * S * R * KDTR_DV + (long long)b * S * R + row;  // stride R
 
-  float M = flash::neg_inf();
+  float M = kdtr::neg_inf();
   for (int s = threadIdx.x; s < S; s += 32 * COMBINE_WARPS) M = fmaxf(M, lse_s[(long long)s * R]);
   M = kdtr::warp_max<32>(M);
   if (lane == 0) mx[warp] = M;
@@ -463,7 +461,7 @@ __global__ void __launch_bounds__(32 * COMBINE_WARPS) kdtr_flash_combine(const K
 #pragma unroll 2
   for (int s = warp; s < S; s += COMBINE_WARPS) {
     const float ls = lse_s[(long long)s * R];
-    if (ls == flash::neg_inf()) continue;
+    if (ls == kdtr::neg_inf()) continue;
     const float w = exp2f((ls - M) * flash::LOG2E);
     wsum += w;
     const float4* src = reinterpret_cast<const float4*>(ws_o + (((long long)b * S + s) * R + row) * KDTR_DV);

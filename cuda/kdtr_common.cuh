@@ -75,6 +75,10 @@ __device__ __forceinline__ bool mask_bit(const KdtrParams& p, int b, int t, int 
   return (mask_row(p, b, t)[c / KDTR_MASK_BITS] >> (c % KDTR_MASK_BITS)) & 1u;
 }
 
+// ---- -infinity (NVRTC has no <cmath> INFINITY) -------------------------------------------------
+
+__device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000u); }
+
 // ---- warp reductions (all 32 lanes must call; WIDTH-lane groups, WIDTH a power of two <= 32) --
 
 template <int WIDTH = 32>

@@ -62,8 +62,6 @@ extern "C" __constant__ int kdtr_launch[4] = {naive::ROWS, naive::THREADS, naive
 
 namespace naive {
 
-__device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
-
 // Stage ROWS x 576 elements into dst[ROWS][LD] as float. Row i comes from src + offset(i);
 // rows with offset(i) < 0 are zero-filled (past the last query row / past the request's keys).
 template <typename T, typename Offset>
@@ -128,7 +126,7 @@ __device__ __forceinline__ float dot_qk(const float* q, const float* k) {
 
 // Fold a tile's (m2, l2) into the running softmax stats (m, l): both sums relative to the max.
 __device__ __forceinline__ void merge_stats(float& m, float& l, float m2, float l2) {
-  if (m2 == neg_inf()) return;  // nothing visible in the tile
+  if (m2 == kdtr::neg_inf()) return;  // nothing visible in the tile
   const float mx = fmaxf(m, m2);
   l = l * expf(m - mx) + l2 * expf(m2 - mx);  // expf(-inf) = 0 before the first visible key
   m = mx;
@@ -189,26 +187,26 @@ __global__ void __launch_bounds__(naive::THREADS, naive::MIN_BLOCKS) kdtr_naive_
   const int split_j = (SPLIT && row_ok) ? second_half_start(p, b, t, P) : n_keys;
 
   // ---- pass 1: max and sum of exp over the visible keys (per split with the bug) ------------
-  float m0 = neg_inf(), l0 = 0.f;  // keys j < split_j (all keys for the correct kernel)
-  float m1 = neg_inf(), l1 = 0.f;  // keys j >= split_j (MERGE_WRONG_MAX only)
+  float m0 = kdtr::neg_inf(), l0 = 0.f;  // keys j < split_j (all keys for the correct kernel)
+  float m1 = kdtr::neg_inf(), l1 = 0.f;  // keys j >= split_j (MERGE_WRONG_MAX only)
   for (int j0 = 0; j0 < n_keys; j0 += KEYS) {
     __syncthreads();  // q_s staged / the previous tile consumed
     stage_rows(kv, [&](int i) { return key_offset<BUG>(p, b, j0 + i, n_keys); }, k_s);
     __syncthreads();
     const int j = j0 + c;
     const bool vis = row_ok && j < n_keys && is_visible<BUG>(p, b, t, P, j);
-    const float s = vis ? scale * dot_qk<BUG>(q_s + r * LD, k_s + c * LD) : neg_inf();
+    const float s = vis ? scale * dot_qk<BUG>(q_s + r * LD, k_s + c * LD) : kdtr::neg_inf();
     const bool first = j < split_j;
     {
-      const float x = first ? s : neg_inf();
+      const float x = first ? s : kdtr::neg_inf();
       const float tm = kdtr::warp_max<KEYS>(x);
-      const float tl = kdtr::warp_sum<KEYS>(x == neg_inf() ? 0.f : expf(x - tm));
+      const float tl = kdtr::warp_sum<KEYS>(x == kdtr::neg_inf() ? 0.f : expf(x - tm));
       merge_stats(m0, l0, tm, tl);
     }
     if constexpr (SPLIT) {
-      const float x = first ? neg_inf() : s;
+      const float x = first ? kdtr::neg_inf() : s;
       const float tm = kdtr::warp_max<KEYS>(x);
-      const float tl = kdtr::warp_sum<KEYS>(x == neg_inf() ? 0.f : expf(x - tm));
+      const float tl = kdtr::warp_sum<KEYS>(x == kdtr::neg_inf() ? 0.f : expf(x - tm));
       merge_stats(m1, l1, tm, tl);
     }
   }

@@ -13,7 +13,7 @@ import numpy as np
 
 from kdtr.kernels import Caps
 from kdtr.presets import DV
-from kdtr.reference import unpack_rows
+from kdtr.trees import unpack_mask
 
 CAPS = Caps(kv_dtypes=("bf16",))
 
@@ -52,7 +52,7 @@ class TorchBaseline:
         out = torch.from_dlpack(dp.out.view("int16") if dp.out_dtype == "bf16" else dp.out)
         out = (out.view(torch.bfloat16) if dp.out_dtype == "bf16" else out).reshape(pr.B, R, DV)
         slots = [torch.as_tensor(pr.tokens(b), device="cuda") for b in range(pr.B)]
-        tails = [torch.as_tensor(np.repeat(unpack_rows(pr.tree_mask[b], T), H, axis=0), device="cuda") for b in range(pr.B)]
+        tails = [torch.as_tensor(np.repeat(unpack_mask(pr.tree_mask[b], T), H, axis=0), device="cuda") for b in range(pr.B)]
         P = [int(x) for x in pr.prefix_lens]
         scale = float(pr.scale)
         fn = {"eager": self._eager, "sdpa": self._sdpa, "flex": self._flex}[self.impl]

@@ -37,7 +37,7 @@ from kdtr import bugs
 from kdtr.bugs import Bug
 from kdtr.presets import DK, DV
 from kdtr.problem import Problem
-from kdtr.reference import unpack_rows
+from kdtr.trees import unpack_mask
 
 MAX_SPLITS = 16
 """Most prefix splits per request (a GPU has a few times more SMs than requests)."""
@@ -161,7 +161,7 @@ def emulate_request(p: Problem, b: int, bug: Bug, tile: int, split_len: int | No
         if s1 > s0:
             parts.append(_partial(qd, kd[s0:s1], v[s0:s1], scale, None, tile))
 
-    vis = unpack_rows(p.tree_mask[b], T)  # [T, T] node r sees tail key c
+    vis = unpack_mask(p.tree_mask[b], T)  # [T, T] node r sees tail key c
     if bug is Bug.SIBLING_VISIBLE and T > 1:
         vis[np.arange(1, T), np.arange(T - 1)] = True
     vis = np.repeat(vis, H, axis=0)  # [R, T]

@@ -10,16 +10,11 @@ from __future__ import annotations
 import numpy as np
 
 from kdtr.presets import DK, DV
+from kdtr.trees import unpack_mask
 from kdtr.problem import Problem
 
 CHUNK_ELEMS = 1 << 24
 """Score-matrix elements per chunk (128 MiB of float64); bounds peak memory."""
-
-
-def unpack_rows(words: np.ndarray, T: int) -> np.ndarray:
-    """[T, W] uint32 mask words -> [T, T] bool (bit c%32 of word c//32)."""
-    bits = np.unpackbits(words.astype("<u4").view(np.uint8), axis=-1, bitorder="little")
-    return bits[:, :T].astype(bool)
 
 
 def chunk_keys(rows: int, chunk_elems: int = CHUNK_ELEMS) -> int:
@@ -38,7 +33,7 @@ def reference_request(p: Problem, b: int, chunk: int | None = None) -> tuple[np.
     # Tail first: every row sees itself, so the running max is finite before any prefix chunk.
     k_tail = p.gather_kv(b, P, P + T)  # [T, 576]
     s = q @ k_tail.T  # [R, T]
-    visible = np.repeat(unpack_rows(p.tree_mask[b], T), H, axis=0)  # [R, T]
+    visible = np.repeat(unpack_mask(p.tree_mask[b], T), H, axis=0)  # [R, T]
     s[~visible] = -np.inf
     m = s.max(axis=1)  # [R]
     e = np.exp(s - m[:, None])

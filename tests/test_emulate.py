@@ -18,7 +18,8 @@ from kdtr.cases import CaseSpec, build_problem
 from kdtr.compare import Status, compare
 from kdtr.emulate import default_split_len, emulate_flash, split_bounds
 from kdtr.presets import DK, DV
-from kdtr.reference import reference, unpack_rows
+from kdtr.reference import reference
+from kdtr.trees import unpack_mask
 
 EDGES = (0, 1, 63, 64, 65, 700)
 CASES = {
@@ -159,7 +160,7 @@ def tile_loop(p, b: int, split_len: int, tile: int = 64, round_p: bool = True):
     kv = p.kv_cache.reshape(-1, DK)[p.tokens(b)].astype(np.float32)  # [P+T, 576]
     q = p.q[b].reshape(R, DK).astype(np.float32)  # [R, 576]
     vis = np.ones((R, P + T), dtype=bool)
-    vis[:, P:] = np.repeat(unpack_rows(p.tree_mask[b], T), H, axis=0)
+    vis[:, P:] = np.repeat(unpack_mask(p.tree_mask[b], T), H, axis=0)
     outs, lses = [], []
     for s0, s1 in split_bounds(P, split_len, tile) + [(P, P + T)]:
         m = np.full(R, -np.inf, np.float32)

@@ -7,7 +7,8 @@ import pytest
 
 from kdtr.cases import CaseSpec, build_problem
 from kdtr.presets import DV
-from kdtr.reference import reference, unpack_rows
+from kdtr.reference import reference
+from kdtr.trees import unpack_mask
 
 
 def _problem(**kw):
@@ -23,7 +24,7 @@ def brute_force(p):
     for b in range(p.B):
         P = int(p.prefix_lens[b])
         keys = p.gather_kv(b, 0, P + p.T)
-        vis = unpack_rows(p.tree_mask[b], p.T)
+        vis = unpack_mask(p.tree_mask[b], p.T)
         for t in range(p.T):
             for h in range(p.H):
                 q = p.q[b, t, h].astype(np.float64)
@@ -86,7 +87,7 @@ def test_huge_logits_neither_overflow_nor_lose_the_row():
     assert np.isfinite(out).all() and np.isfinite(lse).all()
     assert np.abs(lse).max() > 1e3
     keys = p.gather_kv(0, 0, 25)
-    vis = unpack_rows(p.tree_mask[0], 5)
+    vis = unpack_mask(p.tree_mask[0], 5)
     for t in range(5):  # the softmax is one-hot on the best visible key
         idx = [j for j in range(25) if j < 20 or vis[t, j - 20]]
         s = [float(p.q[0, t, 0].astype(np.float64) @ keys[j]) for j in idx]
@@ -97,7 +98,7 @@ def test_huge_logits_neither_overflow_nor_lose_the_row():
 def test_invisible_keys_never_change_a_row():
     p = _problem(prefix_lens=(9,), budget=12, heads=2)
     base_out, base_lse = reference(p)
-    vis = unpack_rows(p.tree_mask[0], p.T)
+    vis = unpack_mask(p.tree_mask[0], p.T)
     for c in range(1, p.T):  # perturb tail key c, check every row that cannot see it
         q = _problem(prefix_lens=(9,), budget=12, heads=2)
         slot = q.tokens(0)[9 + c]
