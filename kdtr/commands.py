@@ -283,13 +283,19 @@ def bench_specs(suite: str | None, preset: tuple[str, ...], shape: dict) -> list
     return specs
 
 
-def bench_run(specs, kernel_specs, baseline_names, peaks: dict, check: bool, devices: int = 1) -> dict:
-    from kdtr import report
+def _impls(kernel_specs, baseline_names) -> list:
+    """Baselines first (the first timed one is the speedup reference), then the kernels."""
     from kdtr.baselines import baseline
-    from kdtr.bench import bench_shape
     from kdtr.kernels import resolve_kernel
 
-    impls = [baseline(b) for b in baseline_names] + [resolve_kernel(k) for k in kernel_specs]
+    return [baseline(b) for b in baseline_names] + [resolve_kernel(k) for k in kernel_specs]
+
+
+def bench_run(specs, kernel_specs, baseline_names, peaks: dict, check: bool, devices: int = 1) -> dict:
+    from kdtr import report
+    from kdtr.bench import bench_shape
+
+    impls = _impls(kernel_specs, baseline_names)
     rows = []
     if devices > 1:
         rows = _bench_multi(specs, kernel_specs, baseline_names, peaks, check, devices)
@@ -322,11 +328,9 @@ def _bench_worker(device: int, specs, kernel_specs, baseline_names, peaks, check
     import os
 
     os.environ["CUDA_VISIBLE_DEVICES"] = str(device)
-    from kdtr.baselines import baseline
     from kdtr.bench import bench_shape
-    from kdtr.kernels import resolve_kernel
 
-    impls = [baseline(b) for b in baseline_names] + [resolve_kernel(k) for k in kernel_specs]
+    impls = _impls(kernel_specs, baseline_names)
     return [bench_shape(s, impls, peaks, check=check) for s in specs]
 
 
