@@ -35,6 +35,7 @@
 
 #include "kdtr_abi.h"
 #include "kdtr_common.cuh"
+#include "flash_combine.cuh"
 
 // ---------------------------------------------------------------------------------------------
 // constants
@@ -52,8 +53,9 @@ constexpr int PS_STRIDE = BN + 8;               // bf16 per row of P in smem (48
 constexpr int MAX_T = 1280;                     // tree nodes supported (tail-tile list size)
 constexpr int MAX_TAIL_TILES = MAX_T / BN;      // 80
 constexpr int LIVE_WORDS = MAX_TAIL_TILES / 32 + 1;
-constexpr float LOG2E = 1.4426950408889634f;
-constexpr float LN2 = 0.6931471805599453f;
+using kdtr::LOG2E;
+using kdtr::LN2;
+using kdtr::store2;
 
 // Warps splitting the 576-wide Q K^T of one m-tile: 4 for the 16-row tile (4 warps in all),
 // 2 for 32 and 64 rows (4 and 8 warps). Each warp then holds 36 * 4 / KG Q registers and a
@@ -89,8 +91,6 @@ static_assert(Smem<1>::bytes <= 99 * 1024 && Smem<2>::bytes <= 99 * 1024 && Smem
 
 }  // namespace flash
 
-constexpr int COMBINE_WARPS = 8;  // warps of the combine kernel (one CTA per row)
-
 // Read by kdtr/flash.py (module.get_global) so the launcher never restates these numbers.
 extern "C" __constant__ int kdtr_flash_config[10] = {
     flash::BN, flash::STAGES, flash::MAX_T,
@@ -102,18 +102,11 @@ extern "C" __constant__ int kdtr_flash_config[10] = {
 // ---------------------------------------------------------------------------------------------
 namespace flash {
 
-__device__ __forceinline__ unsigned smem_addr(const void* p) {
-  return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
-
-// 16-byte async copy global -> shared; zero-fills when !valid (src is not read then).
-__device__ __forceinline__ void cp_async16(unsigned dst, const void* src, bool valid) {
-  const int n = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+using kdtr::cp_async16;
+using kdtr::cp_async_commit;
+using kdtr::cp_async_wait;
+using kdtr::ld_u32;
+using kdtr::smem_addr;
 
 __device__ __forceinline__ void ldsm_x4(unsigned (&r)[4], unsigned addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
@@ -133,18 +126,6 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], const unsigned (&a)[4], 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-__device__ __forceinline__ unsigned ld_u32(const __nv_bfloat16* p) { return *reinterpret_cast<const unsigned*>(p); }
-
-template <typename OutT>
-__device__ __forceinline__ void store2(OutT* dst, float x, float y);
-template <>
-__device__ __forceinline__ void store2<float>(float* dst, float x, float y) {
-  *reinterpret_cast<float2*>(dst) = make_float2(x, y);
-}
-template <>
-__device__ __forceinline__ void store2<__nv_bfloat16>(__nv_bfloat16* dst, float x, float y) {
-  *reinterpret_cast<__nv_bfloat162*>(dst) = __floats2bfloat162_rn(x, y);
-}
 
 }  // namespace flash
 
@@ -430,69 +411,4 @@ __global__ void __launch_bounds__(flash::Tile<MT>::NTHREADS, 1) kdtr_flash_verif
       }
     }
   }
-}
-
-// One CTA per (row, request): out = sum_s w_s o_s / sum_s w_s with w_s = exp(lse_s - max lse).
-// The splits are spread over the 8 warps (lane: 16 columns), so many partial rows are in flight
-// at once; the 8 warp partials are summed in shared memory.
-
-template <typename OutT>
-__global__ void __launch_bounds__(32 * COMBINE_WARPS) kdtr_flash_combine(const KdtrParams p) {
-  const int R = p.T * p.H, S = p.num_splits;
-  const int row = blockIdx.x, b = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  __shared__ float red[COMBINE_WARPS][KDTR_DV + 1];  // +1: the warp's weight sum
-  __shared__ float mx[COMBINE_WARPS];
-  const float* ws_o = static_cast<const float*>(p.workspace);
-  const float* lse_s = ws_o + (long long)p.B * S * R * KDTR_DV + (long long)b * S * R + row;  // stride R
-
-  float M = kdtr::neg_inf();
-  for (int s = threadIdx.x; s < S; s += 32 * COMBINE_WARPS) M = fmaxf(M, lse_s[(long long)s * R]);
-  M = kdtr::warp_max<32>(M);
-  if (lane == 0) mx[warp] = M;
-  __syncthreads();
-  M = mx[0];
-#pragma unroll
-  for (int w = 1; w < COMBINE_WARPS; ++w) M = fmaxf(M, mx[w]);
-
-  float acc[16];
-#pragma unroll
-  for (int e = 0; e < 16; ++e) acc[e] = 0.f;
-  float wsum = 0.f;
-#pragma unroll 2
-  for (int s = warp; s < S; s += COMBINE_WARPS) {
-    const float ls = lse_s[(long long)s * R];
-    if (ls == kdtr::neg_inf()) continue;
-    const float w = exp2f((ls - M) * flash::LOG2E);
-    wsum += w;
-    const float4* src = reinterpret_cast<const float4*>(ws_o + (((long long)b * S + s) * R + row) * KDTR_DV);
-#pragma unroll
-    for (int v = 0; v < 4; ++v) {
-      const float4 x = src[lane + 32 * v];
-      acc[4 * v + 0] += w * x.x;
-      acc[4 * v + 1] += w * x.y;
-      acc[4 * v + 2] += w * x.z;
-      acc[4 * v + 3] += w * x.w;
-    }
-  }
-#pragma unroll
-  for (int v = 0; v < 4; ++v)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) red[warp][(lane + 32 * v) * 4 + e] = acc[4 * v + e];
-  if (lane == 0) red[warp][KDTR_DV] = wsum;
-  __syncthreads();
-  float total = 0.f;
-#pragma unroll
-  for (int w = 0; w < COMBINE_WARPS; ++w) total += red[w][KDTR_DV];
-  const float inv = 1.f / total;
-  OutT* out = static_cast<OutT*>(p.out) + ((long long)b * R + row) * KDTR_DV;
-  for (int c = 2 * threadIdx.x; c < KDTR_DV; c += 2 * 32 * COMBINE_WARPS) {
-    float x = 0.f, y = 0.f;
-#pragma unroll
-    for (int w = 0; w < COMBINE_WARPS; ++w) {
-      x += red[w][c];
-      y += red[w][c + 1];
-    }
-    flash::store2<OutT>(out + c, x * inv, y * inv);
-  }
-  if (threadIdx.x == 0) p.lse[(long long)b * R + row] = M + logf(total);
 }

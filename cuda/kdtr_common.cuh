@@ -75,6 +75,41 @@ __device__ __forceinline__ bool mask_bit(const KdtrParams& p, int b, int t, int 
   return (mask_row(p, b, t)[c / KDTR_MASK_BITS] >> (c % KDTR_MASK_BITS)) & 1u;
 }
 
+// ---- shared-memory addresses, cp.async (sm_80+), 4-byte bf16 pair loads -----------------------
+
+__device__ __forceinline__ unsigned smem_addr(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+
+// 16-byte async copy global -> shared; zero-fills when !valid (src is not read then).
+__device__ __forceinline__ void cp_async16(unsigned dst, const void* src, bool valid) {
+  const int n = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+__device__ __forceinline__ unsigned ld_u32(const __nv_bfloat16* p) { return *reinterpret_cast<const unsigned*>(p); }
+
+// ---- two adjacent floats to the output type (8 or 4 bytes, aligned) ---------------------------
+
+template <typename OutT>
+__device__ __forceinline__ void store2(OutT* dst, float x, float y);
+template <>
+__device__ __forceinline__ void store2<float>(float* dst, float x, float y) {
+  *reinterpret_cast<float2*>(dst) = make_float2(x, y);
+}
+template <>
+__device__ __forceinline__ void store2<__nv_bfloat16>(__nv_bfloat16* dst, float x, float y) {
+  *reinterpret_cast<__nv_bfloat162*>(dst) = __floats2bfloat162_rn(x, y);
+}
+
+// ---- constants of the exp2-domain softmax ---------------------------------------------------------
+
+constexpr float LOG2E = 1.4426950408889634f;  // log2(e): exp(x) = exp2(x * LOG2E)
+constexpr float LN2 = 0.6931471805599453f;    // ln(2): ln(x) = log2(x) * LN2
+
 // ---- -infinity (NVRTC has no <cmath> INFINITY) -------------------------------------------------
 
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000u); }

@@ -1,9 +1,13 @@
-"""The flash kernel's launch plan and its two-launch run (cuda/flash_verify.cu).
+"""The flash kernels' launch plan and their two-launch run.
+
+Two kernels share the operator, the split plan, the workspace and the combine
+(cuda/flash_combine.cuh): ``flash`` (cuda/flash_verify.cu, mma.sync: sm_80, sm_90, sm_120) and
+``flash-sm90`` (cuda/flash_sm90.cu, wgmma: sm_90a only). Each is a FlashVariant below.
 
 The plan is pure arithmetic on the shape and the SM count (testable without a GPU): the row
 tile (16, 32 or 64 rows), and the KV split count from a small cost model: waves of CTAs times
 the keys each CTA walks, plus the combine's traffic. Tile constants come from the compiled
-module (``kdtr_flash_config``), never restated here.
+module (its ``*_config`` array), never restated here.
 """
 
 from __future__ import annotations
@@ -13,12 +17,41 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kdtr.bugs import Bug
+from kdtr.nvrtc import CUDA_DIR
 
-SOURCE = Path(__file__).resolve().parent.parent / "cuda" / "flash_verify.cu"
-MAIN = "kdtr_flash_verify<{mt}, {out}, {bug}>"
+CUDA = CUDA_DIR
 COMBINE = "kdtr_flash_combine<{out}>"
-CONFIG_FIELDS = ("BN", "STAGES", "MAX_T", "SMEM_MT1", "SMEM_MT2", "SMEM_MT4", "THREADS_MT1", "THREADS_MT2", "THREADS_MT4",
-                 "COMBINE_THREADS")
+
+
+@dataclass(frozen=True)
+class FlashVariant:
+    """One flash kernel: its source, templates and the config array it exports."""
+
+    source: Path
+    """The .cu file (includes cuda/flash_combine.cuh)."""
+    main: str
+    """Name expression of the main kernel; {mt}, {out} and {bug} are filled in."""
+    config_symbol: str
+    """extern "C" __constant__ int array holding the tile constants, in config_fields order."""
+    config_fields: tuple[str, ...]
+    """Names of that array's entries; SMEM_MT{mt} / THREADS_MT{mt} give each row tile's launch."""
+    mts: tuple[int, ...]
+    """Row tiles (m-tiles of 16 rows) it is instantiated for."""
+    arch: str | None = None
+    """Compile target when not the device's own (sm_90a: wgmma needs the arch-specific target)."""
+
+    def mt_for(self, rows: int) -> int:
+        return row_tile_m(rows) if len(self.mts) > 1 else self.mts[0]
+
+
+MMA = FlashVariant(
+    CUDA / "flash_verify.cu", "kdtr_flash_verify<{mt}, {out}, {bug}>", "kdtr_flash_config",
+    ("BN", "STAGES", "MAX_T", "SMEM_MT1", "SMEM_MT2", "SMEM_MT4", "THREADS_MT1", "THREADS_MT2", "THREADS_MT4",
+     "COMBINE_THREADS"),
+    (1, 2, 4))
+SM90 = FlashVariant(
+    CUDA / "flash_sm90.cu", "kdtr_flash90_verify<{out}, {bug}>", "kdtr_flash90_config",
+    ("BN", "STAGES", "MAX_T", "SMEM_MT4", "THREADS_MT4", "COMBINE_THREADS"), (4,), "sm_90a")
 
 NS_PER_KEY = 50.0
 """Model: one CTA's time per key of a full tile (~max of MMA time and KV bytes at one SM's share)."""
@@ -92,12 +125,12 @@ def plan(B: int, T: int, H: int, prefix_max: int, sm_count: int, bug: int = 0, m
 
 
 class FlashKernel:
-    """``flash``: bf16 tensor-core verify + LSE combine (bf16 storage; any page size; T <= MAX_T)."""
+    """``flash`` / ``flash-sm90``: bf16 tensor-core verify + LSE combine (bf16 storage; any page size; T <= MAX_T)."""
 
     writes_lse = True
 
-    def __init__(self, name: str, caps, bug: int = 0):
-        self.name, self.caps, self.bug = name, caps, int(bug)
+    def __init__(self, name: str, caps, bug: int = 0, variant: FlashVariant = MMA):
+        self.name, self.caps, self.bug, self.variant = name, caps, int(bug), variant
         self._fns: dict[str, object] = {}
         self._config: dict | None = None
 
@@ -105,31 +138,32 @@ class FlashKernel:
         from kdtr.launch import load_function
 
         if expr not in self._fns:
-            self._fns[expr] = load_function(SOURCE, expr)
+            self._fns[expr] = load_function(self.variant.source, expr, arch=self.variant.arch)
         return self._fns[expr]
 
     def config(self) -> dict:
-        """kdtr_flash_config of the compiled module: BN, STAGES, MAX_T, smem bytes per mt..."""
+        """The compiled module's config array: BN, STAGES, MAX_T, smem bytes and threads per mt..."""
         if self._config is None:
             from kdtr.launch import read_global_ints
 
+            v = self.variant
             loaded = self._load(COMBINE.format(out="float"))
-            vals = read_global_ints(loaded.module, "kdtr_flash_config", len(CONFIG_FIELDS))
-            self._config = dict(zip(CONFIG_FIELDS, vals))
+            self._config = dict(zip(v.config_fields, read_global_ints(loaded.module, v.config_symbol, len(v.config_fields))))
         return self._config
 
     def steps(self, dp):
         """([(Loaded, grid, block, smem)], workspace_bytes, num_splits): main kernel (+ combine).
 
-        KDTR_FLASH_MT=1|2|4 forces the row tile (for experiments; docs/PERF.md)."""
+        KDTR_FLASH_MT=1|2|4 forces the row tile of ``flash`` (for experiments; docs/PERF.md)."""
         import os
 
         from kdtr.launch import CTYPES, device_info
 
-        pr, info = dp.problem, device_info()
-        mt = int(os.environ.get("KDTR_FLASH_MT", 0)) or row_tile_m(pr.T * pr.H)
+        pr, info, v = dp.problem, device_info(), self.variant
+        forced = int(os.environ.get("KDTR_FLASH_MT", 0))
+        mt = forced if forced in v.mts else v.mt_for(pr.T * pr.H)
         out_t, cfg = CTYPES[dp.out_dtype], self.config()
-        main = self._load(MAIN.format(mt=mt, out=out_t, bug=self.bug))
+        main = self._load(v.main.format(mt=mt, out=out_t, bug=self.bug))
         threads, smem = cfg[f"THREADS_MT{mt}"], cfg[f"SMEM_MT{mt}"]
         regs = next(iter(main.compiled.resources.values())).registers if main.compiled.resources else 255
         per_sm = occupancy(threads, regs, smem, info["regs_per_sm"], info["smem_per_sm"])

@@ -1,8 +1,8 @@
 """The kernel registry: built-in kernels by name, user kernels by file or import path.
 
 A kernel spec is one of
-  * a built-in name: ``naive``, ``emulate-flash``, ``flash`` (when cuda/flash_verify.cu exists),
-    or ``<name>-bug=<slug>`` for each planted bug of kdtr/bugs.py (the name doubles as the test
+  * a built-in name: ``naive``, ``emulate-flash``, ``flash`` (mma.sync: sm_80, sm_90, sm_120),
+    ``flash-sm90`` (wgmma: sm_90 GPUs only), or ``<name>-bug=<slug>`` for each planted bug of kdtr/bugs.py (the name doubles as the test
     id and the table label);
   * ``path/to/file.cu:symbol``: a CUDA kernel taking ``const KdtrParams`` (contract in
     cuda/kdtr_abi.h; ``{kv}`` / ``{out}`` in the symbol pick the dtypes);
@@ -23,7 +23,7 @@ from typing import Callable, Protocol, runtime_checkable
 
 import numpy as np
 
-from kdtr import launch
+from kdtr import flash, launch
 from kdtr.bugs import Bug
 from kdtr.launch import CTYPES, CudaKernel, PyCallableKernel, RunOutput
 from kdtr.nvrtc import CUDA_DIR
@@ -50,6 +50,8 @@ class Caps:
     """Most query heads (None: any)."""
     needs_gpu: bool = True
     """Runs on a CUDA device through cupy (SKIPPED where there is none)."""
+    archs: tuple[str, ...] | None = None
+    """Device archs (sm_XY) it runs on (None: any); other GPUs SKIP it."""
 
     def why_not(self, problem, out_dtype: str) -> str | None:
         """Why this kernel cannot run ``problem`` with ``out_dtype``; None when it can."""
@@ -65,6 +67,8 @@ class Caps:
             return f"H={problem.H} heads exceeds max_H={self.max_H}"
         if self.needs_gpu and not launch.gpu_available():
             return "needs a CUDA GPU and cupy; none available here"
+        if self.needs_gpu and self.archs is not None and launch.device_arch() not in self.archs:
+            return f"needs an {' or '.join(self.archs)} GPU; this one is {launch.device_arch()}"
         return None
 
 
@@ -103,22 +107,24 @@ class EmulateKernel:
 NAIVE_SOURCE = CUDA_DIR / "naive_verify.cu"
 NAIVE_TEMPLATE = "kdtr_naive_verify<{kv}, {out}, {bug}>"
 
-# The fast kernel: cuda/flash_verify.cu, its launch plan and two launches in kdtr/flash.py
-# (FlashKernel). Registered once the .cu file exists.
-FLASH_SOURCE = CUDA_DIR / "flash_verify.cu"
+# The fast kernels: cuda/flash_verify.cu (mma.sync) and cuda/flash_sm90.cu (wgmma), their launch plan
+# and two launches in kdtr/flash.py (FlashKernel, one FlashVariant each).
 FLASH_CAPS = Caps(kv_dtypes=("bf16",), max_T=1280)
 """bf16 storage only (tensor cores); any page size; T up to the kernel's MAX_T (a test keeps them equal)."""
-FLASH_MTS = (1, 2, 4)
-"""Row tiles (m-tiles of 16 rows) kdtr.flash.row_tile_m picks: each is an instantiation."""
+FLASH90_CAPS = Caps(kv_dtypes=("bf16",), max_T=1280, archs=("sm_90",))
+"""As FLASH_CAPS, on Hopper only: wgmma exists on sm_90a alone."""
+FLASH_VARIANTS = {"flash": (flash.MMA, FLASH_CAPS), "flash-sm90": (flash.SM90, FLASH90_CAPS)}
+"""Base name -> (FlashVariant, Caps)."""
+FLASH_ARCHS = {"flash": ("sm_80", "sm_90", "sm_120"), "flash-sm90": ("sm_90a",)}
+"""What CI compiles each flash kernel for (no GPU needed)."""
 
 
-def _flash(name: str, bug: Bug) -> Kernel:
-    from kdtr.flash import FlashKernel
+def _flash(name: str, base: str, bug: Bug) -> Kernel:
+    variant, caps = FLASH_VARIANTS[base]
+    return flash.FlashKernel(name, caps, bug, variant)
 
-    return FlashKernel(name, FLASH_CAPS, bug)
 
-
-BASES = ("naive", "emulate-flash", "flash")
+BASES = ("naive", "emulate-flash", "flash", "flash-sm90")
 
 
 def variant_name(base: str, bug: Bug) -> str:
@@ -135,8 +141,8 @@ def _registry() -> dict[str, Callable[[], Kernel]]:
                 reg[name] = lambda n=name, b=bug: CudaKernel(n, NAIVE_SOURCE, NAIVE_TEMPLATE, None, b, Caps())
             elif base == "emulate-flash":
                 reg[name] = lambda n=name, b=bug: EmulateKernel(n, b)
-            elif FLASH_SOURCE.is_file():
-                reg[name] = lambda n=name, b=bug: _flash(n, b)
+            else:
+                reg[name] = lambda n=name, base=base, b=bug: _flash(n, base, b)
     return reg
 
 
@@ -144,15 +150,18 @@ def builtin_names() -> list[str]:
     return list(_registry())
 
 
-def compile_targets() -> list[tuple[Path, list[str]]]:
-    """(source, every name expression) of each built-in CUDA kernel: what CI compiles."""
-    naive = [NAIVE_TEMPLATE.format(kv=CTYPES[kv], out=CTYPES[o], bug=int(b)) for kv in DTYPES for o in DTYPES for b in Bug]
-    targets = [(NAIVE_SOURCE, naive)]
-    if FLASH_SOURCE.is_file():
-        from kdtr import flash
+ALL_ARCHS = ("sm_80", "sm_90", "sm_120")
+"""The archs the portable kernels are compiled for in CI."""
 
-        exprs = [flash.MAIN.format(mt=mt, out=CTYPES[o], bug=int(b)) for mt in FLASH_MTS for o in DTYPES for b in Bug]
-        targets.append((FLASH_SOURCE, exprs + [flash.COMBINE.format(out=CTYPES[o]) for o in DTYPES]))
+
+def compile_targets() -> list[tuple[Path, list[str], tuple[str, ...]]]:
+    """(source, every name expression, archs) of each built-in CUDA kernel: what CI compiles."""
+    naive = [NAIVE_TEMPLATE.format(kv=CTYPES[kv], out=CTYPES[o], bug=int(b)) for kv in DTYPES for o in DTYPES for b in Bug]
+    targets = [(NAIVE_SOURCE, naive, ALL_ARCHS)]
+    for base, (variant, _) in FLASH_VARIANTS.items():
+        exprs = [variant.main.format(mt=mt, out=CTYPES[o], bug=int(b)) for mt in variant.mts for o in DTYPES for b in Bug]
+        combine = [flash.COMBINE.format(out=CTYPES[o]) for o in DTYPES]
+        targets.append((variant.source, exprs + combine, FLASH_ARCHS[base]))
     return targets
 
 

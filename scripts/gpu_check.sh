@@ -57,6 +57,22 @@ for mode in "${@:-check}"; do
         --prefix 32k --batch 1,32 --json "$LOGS/bench_quick_mem.json"
       python3 scripts/bench_summary.py "$LOGS"/bench_quick*.json >>"$SUMMARY"
       ;;
+    sm90)  # the wgmma kernel: block errors, ci verify, bugs, a quick timing against flash
+      stage sm90_debug timeout 300 python3 scripts/sm90_debug.py flash-sm90 flash
+      cat "$LOGS/sm90_debug.log" | grep -v Warn | tail -n 40 >>"$SUMMARY"
+      stage verify_sm90_ci timeout 300 $KDTR verify -k flash-sm90 ci --repeat 3 --json "$LOGS/verify_sm90_ci.json"
+      tail -n 22 "$LOGS/verify_sm90_ci.log" >>"$SUMMARY"
+      stage bench_sm90 timeout 300 $KDTR bench -k flash -k flash-sm90 --baselines none --model deepseek-v3 --tp 8 \
+        --budget 64,256 --prefix 8k,32k --batch 1 --no-check --json "$LOGS/bench_sm90.json"
+      stage bench_sm90_mem timeout 300 $KDTR bench -k flash -k flash-sm90 --baselines none --model kimi-k2 --tp 8 \
+        --budget 0,4,8 --prefix 32k --batch 1,32 --no-check --json "$LOGS/bench_sm90_mem.json"
+      python3 scripts/bench_summary.py "$LOGS"/bench_sm90*.json >>"$SUMMARY"
+      for f in "$KDTR_CACHE_DIR"/cubin/*.cubin; do
+        n=$(cuobjdump -sass "$f" 2>/dev/null | grep -c HGMMA); [ "$n" -gt 0 ] && echo "$(basename "$f"): $n HGMMA" >>"$SUMMARY"
+      done
+      stage pytest_sm90 timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_verify.py -k sm90
+      tail -n 4 "$LOGS/pytest_sm90.log" >>"$SUMMARY"
+      ;;
     robust)  # crash / trap / hang isolation and compute-sanitizer (tests/test_gpu_isolation.py)
       stage pytest_robust timeout 420 python3 -m pytest -q -rs -s -m gpu -p no:cacheprovider tests/test_gpu_isolation.py
       tail -n 30 "$LOGS/pytest_robust.log" >>"$SUMMARY"

@@ -1,4 +1,5 @@
-"""Every built-in CUDA kernel variant compiles through NVRTC for sm_80 / sm_90 / sm_120.
+"""Every built-in CUDA kernel variant compiles through NVRTC for sm_80 / sm_90 / sm_120 (flash-sm90:
+sm_90a, the only target with wgmma).
 
 No GPU needed: NVRTC from pip compiles for any arch. Fails on any error or warning, on any
 local-memory spill and on stack-frame growth; skipped only where NVRTC itself is unavailable.
@@ -15,21 +16,22 @@ from kdtr import kernels, nvrtc
 
 needs_nvrtc = pytest.mark.skipif(not nvrtc.available(), reason="NVRTC + CUDA headers not installed (pip install kdtr[nvrtc])")
 
-ARCHS = ("sm_80", "sm_90", "sm_120")
 ALLOWED_WARNINGS: tuple[str, ...] = ()
 """Substrings of compiler warnings tolerated, each with a comment saying why (none today)."""
 MAX_STACK_FRAME = {"kdtr_naive_verify": 0}
 """Measured stack frame per kernel family (bytes): growth means local memory crept in."""
 
 
-TARGETS = [(src, names) for src, names in kernels.compile_targets()]
+TARGETS = kernels.compile_targets()
+JOBS = [(src, names, arch) for src, names, archs in TARGETS for arch in archs]
+JOB_IDS = [f"{src.name}-{arch}" for src, _, arch in JOBS]
 
 
 @pytest.fixture(scope="module")
 def compiled():  # only requested by @needs_nvrtc tests
     """(source, names, arch) -> Compiled: every target compiled once, in parallel threads (NVRTC
     is thread-safe and ctypes drops the GIL), bypassing the disk cache. Errors surface per test."""
-    jobs = [(src, names, arch) for src, names in TARGETS for arch in ARCHS]
+    jobs = JOBS
 
     def build(job):
         try:
@@ -50,8 +52,7 @@ def compiled():  # only requested by @needs_nvrtc tests
 
 
 @needs_nvrtc
-@pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("src,names", TARGETS, ids=[t[0].name for t in TARGETS])
+@pytest.mark.parametrize("src,names,arch", JOBS, ids=JOB_IDS)
 def test_compiles_without_warnings(compiled, src, names, arch):
     c = compiled(src, names, arch)
     assert set(c.lowered) == set(names)
@@ -61,8 +62,7 @@ def test_compiles_without_warnings(compiled, src, names, arch):
 
 
 @needs_nvrtc
-@pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("src,names", TARGETS, ids=[t[0].name for t in TARGETS])
+@pytest.mark.parametrize("src,names,arch", JOBS, ids=JOB_IDS)
 def test_no_spills_no_stack_growth(compiled, src, names, arch):
     c = compiled(src, names, arch)
     for ne in names:
@@ -74,9 +74,9 @@ def test_no_spills_no_stack_growth(compiled, src, names, arch):
 
 
 @needs_nvrtc
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch", kernels.ALL_ARCHS)
 def test_kdtr_launch_constant_is_in_the_cubin(compiled, arch):
-    src, names = kernels.compile_targets()[0]
+    src, names, _ = kernels.compile_targets()[0]
     assert b"kdtr_launch" in compiled(src, names, arch).cubin
 
 

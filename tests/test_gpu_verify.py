@@ -9,11 +9,19 @@ import pytest
 from kdtr.bugs import PLANTED, Bug
 from kdtr.compare import Status
 from kdtr.kernels import resolve_kernel, variant_name
-from kdtr.launch import gpu_available
+from kdtr.launch import device_arch, gpu_available
 from kdtr.verify import find_bundles, run_verify
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU and cupy")]
-KERNELS = ("naive", "flash")
+KERNELS = ("naive", "flash", "flash-sm90")
+
+
+@pytest.fixture(autouse=True)
+def _hopper_only(request):
+    """flash-sm90 runs on sm_90 alone (its Caps SKIP every case elsewhere)."""
+    name = request.node.callspec.params.get("name") if hasattr(request.node, "callspec") else None
+    if name == "flash-sm90" and device_arch() != "sm_90":
+        pytest.skip(f"flash-sm90 needs an sm_90 GPU; this one is {device_arch()}")
 
 
 @pytest.fixture(scope="module")

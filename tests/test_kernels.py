@@ -134,12 +134,26 @@ def test_naive_takes_everything_but_needs_a_gpu(monkeypatch):
 
 
 def test_compile_targets_cover_every_variant():
-    (src, names), *rest = kernels.compile_targets()
-    assert src.name == "naive_verify.cu" and src.is_file()
+    (src, names, archs), *rest = kernels.compile_targets()
+    assert src.name == "naive_verify.cu" and src.is_file() and archs == ("sm_80", "sm_90", "sm_120")
     assert len(names) == 2 * 2 * len(Bug) and len(set(names)) == len(names)
     for bug in Bug:
         assert f"kdtr_naive_verify<__nv_bfloat16, float, {int(bug)}>" in names
-    assert all(s.name == "flash_verify.cu" for s, _ in rest)
+    by_file = {s.name: (n, a) for s, n, a in rest}
+    assert by_file["flash_verify.cu"][1] == ("sm_80", "sm_90", "sm_120") and by_file["flash_sm90.cu"][1] == ("sm_90a",)
+    assert len(by_file["flash_sm90.cu"][0]) == 2 * len(Bug) + 2  # every bug x out dtype, + 2 combines
+    assert len(by_file["flash_verify.cu"][0]) == 3 * 2 * len(Bug) + 2
+
+
+def test_flash_sm90_skips_other_archs(monkeypatch):
+    monkeypatch.setattr(launch, "gpu_available", lambda: True)
+    pr = tiny_problem(dtype=ml_dtypes.bfloat16)
+    caps = resolve_kernel("flash-sm90").caps
+    monkeypatch.setattr(launch, "device_arch", lambda: "sm_120")
+    assert "sm_90" in caps.why_not(pr, "bf16") and "sm_120" in caps.why_not(pr, "bf16")
+    monkeypatch.setattr(launch, "device_arch", lambda: "sm_90")
+    assert caps.why_not(pr, "bf16") is None
+    assert resolve_kernel("flash").caps.why_not(pr, "bf16") is None
 
 
 def test_emulate_kernel_calls_emulate_flash(monkeypatch):
@@ -177,10 +191,10 @@ def test_launch_from_constants_follows_the_abi_contract():
         launch.launch_from_constants(pr, (0, 128, 0, 1))
 
 
-def test_flash_caps_max_t_matches_the_kernel_source():
+@pytest.mark.parametrize("base", sorted(kernels.FLASH_VARIANTS))
+def test_flash_caps_max_t_matches_the_kernel_source(base):
     import re
 
-    from kdtr.kernels import FLASH_CAPS, FLASH_SOURCE
-
-    m = re.search(r"constexpr int MAX_T = (\d+);", FLASH_SOURCE.read_text())
-    assert m and int(m.group(1)) == FLASH_CAPS.max_T
+    variant, caps = kernels.FLASH_VARIANTS[base]
+    m = re.search(r"constexpr int MAX_T = (\d+);", variant.source.read_text())
+    assert m and int(m.group(1)) == caps.max_T

@@ -1,0 +1,80 @@
+// flash_combine.cuh -- the split-KV merge shared by the flash kernels (flash_verify.cu, flash_sm90.cu).
+//
+// Workspace layout written by the main kernels when num_splits > 1 (kdtr/flash.py sizes it):
+//   fp32 partial out [B, splits, R, 512], then fp32 partial lse [B, splits, R] (natural log,
+//   -inf for a split that saw no key of the row); R = T * H rows per request.
+// kdtr_flash_combine<OutT> is launched with grid (R, B), block 32 * COMBINE_WARPS.
+
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include "kdtr_abi.h"
+#include "kdtr_common.cuh"
+
+constexpr int COMBINE_WARPS = 8;  // warps of the combine kernel (one CTA per row)
+
+// One CTA per (row, request): out = sum_s w_s o_s / sum_s w_s with w_s = exp(lse_s - max lse).
+// The splits are spread over the 8 warps (lane: 16 columns), so many partial rows are in flight
+// at once; the 8 warp partials are summed in shared memory.
+
+template <typename OutT>
+__global__ void __launch_bounds__(32 * COMBINE_WARPS) kdtr_flash_combine(const KdtrParams p) {
+  const int R = p.T * p.H, S = p.num_splits;
+  const int row = blockIdx.x, b = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  __shared__ float red[COMBINE_WARPS][KDTR_DV + 1];  // +1: the warp's weight sum
+  __shared__ float mx[COMBINE_WARPS];
+  const float* ws_o = static_cast<const float*>(p.workspace);
+  const float* lse_s = ws_o + (long long)p.B * S * R * KDTR_DV + (long long)b * S * R + row;  // stride R
+
+  float M = kdtr::neg_inf();
+  for (int s = threadIdx.x; s < S; s += 32 * COMBINE_WARPS) M = fmaxf(M, lse_s[(long long)s * R]);
+  M = kdtr::warp_max<32>(M);
+  if (lane == 0) mx[warp] = M;
+  __syncthreads();
+  M = mx[0];
+#pragma unroll
+  for (int w = 1; w < COMBINE_WARPS; ++w) M = fmaxf(M, mx[w]);
+
+  float acc[16];
+#pragma unroll
+  for (int e = 0; e < 16; ++e) acc[e] = 0.f;
+  float wsum = 0.f;
+#pragma unroll 2
+  for (int s = warp; s < S; s += COMBINE_WARPS) {
+    const float ls = lse_s[(long long)s * R];
+    if (ls == kdtr::neg_inf()) continue;
+    const float w = exp2f((ls - M) * kdtr::LOG2E);
+    wsum += w;
+    const float4* src = reinterpret_cast<const float4*>(ws_o + (((long long)b * S + s) * R + row) * KDTR_DV);
+#pragma unroll
+    for (int v = 0; v < 4; ++v) {
+      const float4 x = src[lane + 32 * v];
+      acc[4 * v + 0] += w * x.x;
+      acc[4 * v + 1] += w * x.y;
+      acc[4 * v + 2] += w * x.z;
+      acc[4 * v + 3] += w * x.w;
+    }
+  }
+#pragma unroll
+  for (int v = 0; v < 4; ++v)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) red[warp][(lane + 32 * v) * 4 + e] = acc[4 * v + e];
+  if (lane == 0) red[warp][KDTR_DV] = wsum;
+  __syncthreads();
+  float total = 0.f;
+#pragma unroll
+  for (int w = 0; w < COMBINE_WARPS; ++w) total += red[w][KDTR_DV];
+  const float inv = 1.f / total;
+  OutT* out = static_cast<OutT*>(p.out) + ((long long)b * R + row) * KDTR_DV;
+  for (int c = 2 * threadIdx.x; c < KDTR_DV; c += 2 * 32 * COMBINE_WARPS) {
+    float x = 0.f, y = 0.f;
+#pragma unroll
+    for (int w = 0; w < COMBINE_WARPS; ++w) {
+      x += red[w][c];
+      y += red[w][c + 1];
+    }
+    kdtr::store2<OutT>(out + c, x * inv, y * inv);
+  }
+  if (threadIdx.x == 0) p.lse[(long long)b * R + row] = M + logf(total);
+}
