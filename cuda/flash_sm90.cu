@@ -39,14 +39,29 @@
 // ---------------------------------------------------------------------------------------------
 namespace f90 {
 
+// Experiment knobs (docs/PERF.md): -DKDTR_F90_BN=64, -DKDTR_F90_STAGES=3 (both above the 99 KB
+// that the default keeps), -DKDTR_F90_EXP=bits to leave stages out when timing (never correct).
+#ifndef KDTR_F90_BN
+#define KDTR_F90_BN 32
+#endif
+#ifndef KDTR_F90_STAGES
+#define KDTR_F90_STAGES 2
+#endif
+#ifndef KDTR_F90_EXP
+#define KDTR_F90_EXP 0
+#endif
+constexpr int EXP_NO_LOADS = 1, EXP_NO_S = 2, EXP_NO_PV = 4, EXP_NO_SWAP = 8, EXP_NO_SOFTMAX = 16;
+
 constexpr int BM = 64;                          // query rows per CTA (the wgmma M)
-constexpr int BN = 32;                          // keys per KV tile = bits per mask word
-constexpr int STAGES = 2;                       // cp.async pipeline depth
+constexpr int BN = KDTR_F90_BN;                 // keys per KV tile: 32 (one mask word) or 64
+constexpr int STAGES = KDTR_F90_STAGES;         // cp.async pipeline depth
+constexpr int WORDS_PER_TILE = BN / KDTR_MASK_BITS;  // mask words per tail tile
 constexpr int NTHREADS = 256;                   // two warpgroups
 constexpr int KSTEPS_WG = KDTR_DK / 16 / 2;     // 18 k-steps of S per warpgroup
 constexpr int CHUNKS = KDTR_DK * 2 / 16;        // 72 16-byte chunks per key row
 constexpr int KGROUPS = BN / 8;                 // 4 core-matrix rows of keys
-constexpr int CHUNK_STRIDE = KGROUPS * 128;     // 512 B between chunk c and c+1 (all 32 keys)
+constexpr int CHUNK_STRIDE = KGROUPS * 128;     // 512 B between chunk c and c+1 (all BN keys)
+constexpr int KEY_WARPS = BN / 16;              // warps covering the BN keys of one chunk pair
 constexpr int STAGE_BYTES = BN * KDTR_DK * 2;   // 36 864
 constexpr int S_REGS = BM * BN / 128;           // 16 fp32 of S per thread
 constexpr int O_REGS = BM * (KDTR_DV / 2) / 128;  // 128 fp32 of O per thread
@@ -61,8 +76,10 @@ struct Smem {                                   // byte offsets into dynamic sha
   static constexpr int count = tiles + MAX_TAIL_TILES * 4;   // int
   static constexpr int bytes = count + 16;
 };
+#if KDTR_F90_BN == 32 && KDTR_F90_STAGES == 2
 static_assert(Smem::bytes <= 99 * 1024, "shared memory per block must stay within sm_120's 99 KB");
-static_assert(KDTR_MASK_BITS == BN, "one mask word per tail tile");
+#endif
+static_assert(BN % KDTR_MASK_BITS == 0 && (BN == 32 || BN == 64), "whole mask words per tail tile");
 
 }  // namespace f90
 
@@ -149,6 +166,29 @@ __device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], const unsigned
 }
 
 
+// D[64 x 64] (+)= A[64 x 16] (registers) * B[16 x 64] (shared, descriptor); TRANS_B: B is MN-major.
+template <int TRANS_B>
+__device__ __forceinline__ void wgmma_m64n64k16(float (&d)[32], const unsigned (&a)[4], unsigned long long desc, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, "
+      "{%32,%33,%34,%35}, %36, p, 1, 1, %38;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(accumulate), "n"(TRANS_B));
+}
+
+// S tile of BN keys: one wgmma per k-step.
+template <int N>
+__device__ __forceinline__ void wgmma_s(float (&d)[N / 2], const unsigned (&a)[4], unsigned long long desc, int accumulate) {
+  if constexpr (N == 32) wgmma_m64n32k16<0>(d, a, desc, accumulate);
+  else wgmma_m64n64k16<0>(d, a, desc, accumulate);
+}
+
 }  // namespace f90
 
 // ---------------------------------------------------------------------------------------------
@@ -185,7 +225,7 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
   const int n_pre = (kp_hi - kp_lo + BN - 1) / BN;
   const bool has_tail = split == nsplit - 1;
 
-  // ---- live tail tiles: mask word w (nodes 32w..32w+31) that some row of this CTA sees ----
+  // ---- live tail tiles: tile w / WORDS_PER_TILE of mask word w, when some row of this CTA sees it ----
   if (tid < MAX_TAIL_TILES) live[tid] = 0;
   __syncthreads();
   if (has_tail) {
@@ -194,25 +234,25 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
       const int t = t_lo + idx / W, w = idx % W;
       unsigned word = mask_b[(long long)t * W + w];
       if (BUG == KDTR_BUG_SIBLING_VISIBLE && t >= 1 && (t - 1) / 32 == w) word |= 1u << ((t - 1) % 32);
-      if (word && w < MAX_TAIL_TILES) live[w] = 1;
+      if (word) live[w / WORDS_PER_TILE] = 1;
     }
   }
   __syncthreads();
   if (tid == 0) {
     int n = 0;
-    for (int w = 0; w < W && w < MAX_TAIL_TILES; ++w)
+    for (int w = 0; w * BN < T && w < MAX_TAIL_TILES; ++w)
       if (live[w]) tail_tiles[n++] = w;
     *n_tail_s = has_tail ? n : 0;
   }
   __syncthreads();
   const int n_tiles = n_pre + *n_tail_s;
-  // first key of tile i: prefix tiles from kp_lo, tail tile of mask word w at P + 32 w
+  // first key of tile i: prefix tiles from kp_lo, tail tile w at P + BN w
   auto tile_key0 = [&](int i) { return i < n_pre ? kp_lo + i * BN : P + tail_tiles[i - n_pre] * BN; };
 
   // One key row per thread (16 keys x 2 neighbouring chunks per warp instruction: full 32-byte
   // sectors from global memory, 128 contiguous shared bytes per quarter warp).
-  const int ld_key = (warp & 1) * 16 + (lane >> 4) * 8 + (lane & 7);
-  const int ld_c0 = 2 * (warp >> 1) + ((lane >> 3) & 1);
+  const int ld_key = (warp % KEY_WARPS) * 16 + (lane >> 4) * 8 + (lane & 7);
+  const int ld_c0 = 2 * (warp / KEY_WARPS) + ((lane >> 3) & 1);
   auto load_tile = [&](int i, int stage) {
     const int j = tile_key0(i) + ld_key;
     const bool valid = j < (i < n_pre ? kp_hi : P + T);  // keys past the range are zero-filled
@@ -223,7 +263,7 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
     }
     const unsigned dst = kdtr::smem_addr(smem + Smem::kv + stage * STAGE_BYTES) + (ld_key >> 3) * 128 + (ld_key & 7) * 16;
 #pragma unroll
-    for (int c = ld_c0; c < CHUNKS; c += 8) kdtr::cp_async16(dst + c * CHUNK_STRIDE, valid ? src + c * 8 : kv, valid);
+    for (int c = ld_c0; c < CHUNKS; c += 16 / KEY_WARPS) kdtr::cp_async16(dst + c * CHUNK_STRIDE, valid ? src + c * 8 : kv, valid);
   };
 
   // ---- Q as wgmma A fragments: rows ww*16 + g (+8), columns of this warpgroup's k-steps ----
@@ -262,58 +302,77 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
   for (int e = 0; e < O_REGS; ++e) acc[e] = 0.f;
 
   const unsigned kv_base = kdtr::smem_addr(smem + Smem::kv);
-  if (n_tiles > 0) load_tile(0, 0);  // a split past a short prefix may have no key at all
-  kdtr::cp_async_commit();
+#pragma unroll
+  for (int st = 0; st < STAGES - 1; ++st) {
+    if (st < n_tiles) load_tile(st, st);  // a split past a short prefix may have no key at all
+    kdtr::cp_async_commit();
+  }
 
   for (int i = 0; i < n_tiles; ++i) {
     const int stage = i % STAGES;
-    kdtr::cp_async_wait<0>();
+    kdtr::cp_async_wait<STAGES - 2>();
     fence_async_smem();
     __syncthreads();  // [A] tile i resident; both warpgroups done with tile i-1 and the swap buffer
-    if (i + 1 < n_tiles) load_tile(i + 1, (i + 1) % STAGES);
-    kdtr::cp_async_commit();
+    {
+      const int nx = i + STAGES - 1;
+      if (nx < n_tiles && !(KDTR_F90_EXP & EXP_NO_LOADS)) load_tile(nx, nx % STAGES);
+      kdtr::cp_async_commit();
+    }
     const unsigned tile = kv_base + stage * STAGE_BYTES;
 
     // S partial = Q[:, this warpgroup's 288 columns] K^T: K-major B, LBO = chunk stride, SBO = key group
     float s[S_REGS];
-    wgmma_fence();
+    if (KDTR_F90_EXP & EXP_NO_S) {
 #pragma unroll
-    for (int ks = 0; ks < KSTEPS_WG; ++ks) {
-      const int kstep = wg * KSTEPS_WG + ks;
-      wgmma_m64n32k16<0>(s, qf[ks], desc(tile + kstep * 2 * CHUNK_STRIDE, CHUNK_STRIDE, 128), ks > 0);
+      for (int e = 0; e < S_REGS; ++e) s[e] = 0.f;
+    } else {
+      wgmma_fence();
+#pragma unroll
+      for (int ks = 0; ks < KSTEPS_WG; ++ks) {
+        const int kstep = wg * KSTEPS_WG + ks;
+        wgmma_s<BN>(s, qf[ks], desc(tile + kstep * 2 * CHUNK_STRIDE, CHUNK_STRIDE, 128), ks > 0);
+      }
+      wgmma_commit();
+      wgmma_wait<0>();
+      reg_fence(s);
     }
-    wgmma_commit();
-    wgmma_wait<0>();
-    reg_fence(s);
 
     // swap partials: thread wtid of one warpgroup holds the same (row, key) slots as in the other
+    if (!(KDTR_F90_EXP & EXP_NO_SWAP)) {
 #pragma unroll
-    for (int e = 0; e < S_REGS; ++e) swap[(wg * S_REGS + e) * 128 + wtid] = s[e];
-    __syncthreads();  // [B]
+      for (int e = 0; e < S_REGS; ++e) swap[(wg * S_REGS + e) * 128 + wtid] = s[e];
+      __syncthreads();  // [B]
 #pragma unroll
-    for (int e = 0; e < S_REGS; ++e) s[e] += swap[((1 - wg) * S_REGS + e) * 128 + wtid];
+      for (int e = 0; e < S_REGS; ++e) s[e] += swap[((1 - wg) * S_REGS + e) * 128 + wtid];
+    }
 
     // mask + online softmax (exp2 domain); element e: n8 block e/4, row half (e/2)%2, column pair e%2
+    if (!(KDTR_F90_EXP & EXP_NO_SOFTMAX)) {
     const int key0 = tile_key0(i);
     const bool tail = i >= n_pre;
-    unsigned word[2] = {0u, 0u};
+    unsigned word[2][WORDS_PER_TILE] = {};
     if (tail) {
-      const int w = (key0 - P) / BN;
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        if (!row_ok[h]) continue;
-        const int t = snode[h];
-        word[h] = mask_b[(long long)t * W + w];
-        if (BUG == KDTR_BUG_SIBLING_VISIBLE && t >= 1 && (t - 1) / 32 == w) word[h] |= 1u << ((t - 1) % 32);
-        const int valid_bits = T - w * BN;  // nodes past T are never visible
-        if (valid_bits < 32) word[h] &= (1u << valid_bits) - 1u;
+      for (int q = 0; q < WORDS_PER_TILE; ++q) {
+        const int w = (key0 - P) / KDTR_MASK_BITS + q;
+        if (w >= W) continue;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          if (!row_ok[h]) continue;
+          const int t = snode[h];
+          unsigned x = mask_b[(long long)t * W + w];
+          if (BUG == KDTR_BUG_SIBLING_VISIBLE && t >= 1 && (t - 1) / 32 == w) x |= 1u << ((t - 1) % 32);
+          const int valid_bits = T - w * KDTR_MASK_BITS;  // nodes past T are never visible
+          if (valid_bits < 32) x &= (1u << valid_bits) - 1u;
+          word[h][q] = x;
+        }
       }
     }
     float mx[2] = {kdtr::neg_inf(), kdtr::neg_inf()};
 #pragma unroll
     for (int e = 0; e < S_REGS; ++e) {
       const int h = (e >> 1) & 1, col = (e >> 2) * 8 + 2 * tq + (e & 1);
-      const bool vis = row_ok[h] && (tail ? ((word[h] >> col) & 1u) != 0u : key0 + col < kp_hi);
+      const bool vis = row_ok[h] && (tail ? ((word[h][col / 32] >> (col % 32)) & 1u) != 0u : key0 + col < kp_hi);
       s[e] = vis ? s[e] * sc : kdtr::neg_inf();
       mx[h] = fmaxf(mx[h], s[e]);
     }
@@ -339,6 +398,7 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
 #pragma unroll
       for (int e = 0; e < O_REGS; ++e) acc[e] *= alpha[(e >> 1) & 1];
     }
+    }
 
     // P as A fragments (k-step kk: keys 16kk..16kk+15 = S n8 blocks 2kk, 2kk+1)
     unsigned pa[BN / 16][4];
@@ -351,13 +411,15 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
     }
 
     // O[:, wg*256..+256] += P V: MN-major B, LBO = key-group stride (K), SBO = chunk stride (N)
-    wgmma_fence();
+    if (!(KDTR_F90_EXP & EXP_NO_PV)) {
+      wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < BN / 16; ++kk)
-      wgmma_m64n256k16<1>(acc, pa[kk], desc(tile + wg * 32 * CHUNK_STRIDE + kk * 2 * 128, 128, CHUNK_STRIDE), 1);
-    wgmma_commit();
-    wgmma_wait<0>();
-    reg_fence(acc);
+      for (int kk = 0; kk < BN / 16; ++kk)
+        wgmma_m64n256k16<1>(acc, pa[kk], desc(tile + wg * 32 * CHUNK_STRIDE + kk * 2 * 128, 128, CHUNK_STRIDE), 1);
+      wgmma_commit();
+      wgmma_wait<0>();
+      reg_fence(acc);
+    }
   }
   kdtr::cp_async_wait<0>();
 

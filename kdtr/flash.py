@@ -129,8 +129,10 @@ class FlashKernel:
 
     writes_lse = True
 
-    def __init__(self, name: str, caps, bug: int = 0, variant: FlashVariant = MMA):
+    def __init__(self, name: str, caps, bug: int = 0, variant: FlashVariant = MMA, options: tuple[str, ...] = ()):
         self.name, self.caps, self.bug, self.variant = name, caps, int(bug), variant
+        self.options = tuple(options)
+        """Extra NVRTC options, e.g. the -D experiment knobs of cuda/flash_sm90.cu (docs/PERF.md)."""
         self._fns: dict[str, object] = {}
         self._config: dict | None = None
 
@@ -138,7 +140,7 @@ class FlashKernel:
         from kdtr.launch import load_function
 
         if expr not in self._fns:
-            self._fns[expr] = load_function(self.variant.source, expr, arch=self.variant.arch)
+            self._fns[expr] = load_function(self.variant.source, expr, arch=self.variant.arch, options=self.options)
         return self._fns[expr]
 
     def config(self) -> dict:

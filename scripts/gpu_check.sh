@@ -73,6 +73,18 @@ for mode in "${@:-check}"; do
       stage pytest_sm90 timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_verify.py -k sm90
       tail -n 4 "$LOGS/pytest_sm90.log" >>"$SUMMARY"
       ;;
+    ablate)  # flash-sm90 with stages left out / deeper pipelines, then one ncu profile of the base kernel
+      stage sm90_ablate timeout 400 python3 scripts/sm90_ablate.py
+      grep -v Warn "$LOGS/sm90_ablate.log" | tail -n 40 >>"$SUMMARY"
+      stage ncu_sm90 timeout 200 ncu --clock-control none -k regex:flash90 -c 1 --section SpeedOfLight \
+        --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy \
+        python3 -c "from kdtr import bench, kernels; from kdtr.kernels import resolve_kernel
+from kdtr.launch import DeviceProblem; from kdtr.cases import build_problem
+spec = bench.grid(['deepseek-v3'], [8], [256], [32768], [1])[0]
+pr, _ = build_problem(spec, values=False); dp = DeviceProblem(pr, 'bf16'); dp.randomize(0)
+resolve_kernel('flash-sm90').run_on(dp)"
+      grep -E "Duration|Throughput|Pipe|Stall|Warp Cycles|Issued|L2 Hit|L1/TEX Hit|Mem Busy|Max Bandwidth|Eligible|Active Warps|DRAM" "$LOGS/ncu_sm90.log" | head -n 40 >>"$SUMMARY"
+      ;;
     robust)  # crash / trap / hang isolation and compute-sanitizer (tests/test_gpu_isolation.py)
       stage pytest_robust timeout 420 python3 -m pytest -q -rs -s -m gpu -p no:cacheprovider tests/test_gpu_isolation.py
       tail -n 30 "$LOGS/pytest_robust.log" >>"$SUMMARY"
