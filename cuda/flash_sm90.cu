@@ -50,12 +50,17 @@ namespace f90 {
 #ifndef KDTR_F90_EXP
 #define KDTR_F90_EXP 0
 #endif
+#ifndef KDTR_F90_SW128
+#define KDTR_F90_SW128 0
+#endif
 constexpr int EXP_NO_LOADS = 1, EXP_NO_S = 2, EXP_NO_PV = 4, EXP_NO_SWAP = 8, EXP_NO_SOFTMAX = 16;
 
 constexpr int BM = 64;                          // query rows per CTA (the wgmma M)
 constexpr int BN = KDTR_F90_BN;                 // keys per KV tile: 32 (one mask word) or 64
 constexpr int STAGES = KDTR_F90_STAGES;         // cp.async pipeline depth
 constexpr int WORDS_PER_TILE = BN / KDTR_MASK_BITS;  // mask words per tail tile
+constexpr bool SW128 = KDTR_F90_SW128;          // KV tile layout: 128-byte swizzle, else core matrices
+constexpr int SLAB = BN * 128;                  // SW128: bytes of one 64-column slab of the tile
 constexpr int NTHREADS = 256;                   // two warpgroups
 constexpr int KSTEPS_WG = KDTR_DK / 16 / 2;     // 18 k-steps of S per warpgroup
 constexpr int CHUNKS = KDTR_DK * 2 / 16;        // 72 16-byte chunks per key row
@@ -70,7 +75,7 @@ constexpr int MAX_TAIL_TILES = MAX_T / BN;      // 40
 
 struct Smem {                                   // byte offsets into dynamic shared memory
   static constexpr int kv = 0;                               // bf16 [STAGES][core-matrix tile]
-  static constexpr int swap = kv + STAGES * STAGE_BYTES;     // float [2 wg][S_REGS][128 threads]
+  static constexpr int swap = kv + STAGES * STAGE_BYTES + 1024;  // float [2 wg][S_REGS][128 threads]; 1 KB: kv alignment slack
   static constexpr int live = swap + 2 * S_REGS * 128 * 4;   // int [MAX_TAIL_TILES] 0/1
   static constexpr int tiles = live + MAX_TAIL_TILES * 4;    // int [MAX_TAIL_TILES] live tail tiles
   static constexpr int count = tiles + MAX_TAIL_TILES * 4;   // int
@@ -96,7 +101,7 @@ namespace f90 {
 // matrices along K, SBO = along M/N (PTX ISA, "Matrix Descriptor Format"; 16-byte units).
 __device__ __forceinline__ unsigned long long desc(unsigned addr, unsigned lbo, unsigned sbo) {
   return (unsigned long long)((addr >> 4) & 0x3FFFu) | ((unsigned long long)((lbo >> 4) & 0x3FFFu) << 16) |
-         ((unsigned long long)((sbo >> 4) & 0x3FFFu) << 32);
+         ((unsigned long long)((sbo >> 4) & 0x3FFFu) << 32) | (SW128 ? 1ull << 62 : 0ull);
 }
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
@@ -249,21 +254,42 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
   // first key of tile i: prefix tiles from kp_lo, tail tile w at P + BN w
   auto tile_key0 = [&](int i) { return i < n_pre ? kp_lo + i * BN : P + tail_tiles[i - n_pre] * BN; };
 
-  // One key row per thread (16 keys x 2 neighbouring chunks per warp instruction: full 32-byte
-  // sectors from global memory, 128 contiguous shared bytes per quarter warp).
-  const int ld_key = (warp % KEY_WARPS) * 16 + (lane >> 4) * 8 + (lane & 7);
-  const int ld_c0 = 2 * (warp / KEY_WARPS) + ((lane >> 3) & 1);
-  auto load_tile = [&](int i, int stage) {
+  // One key row per thread. Core-matrix layout: 16 keys x 2 neighbouring chunks per warp
+  // instruction (full 32-byte sectors, 128 contiguous shared bytes per quarter warp). SW128: 4 keys
+  // x one 128-byte slab row per instruction (full lines; a quarter warp fills one swizzled row).
+  const int ld_key = SW128 ? warp * 4 + (lane >> 3) : (warp % KEY_WARPS) * 16 + (lane >> 4) * 8 + (lane & 7);
+  const int ld_c0 = SW128 ? (lane & 7) : 2 * (warp / KEY_WARPS) + ((lane >> 3) & 1);
+  const unsigned kv_base = (kdtr::smem_addr(smem) + Smem::kv + 1023u) & ~1023u;  // swizzle atoms: 1 KB
+  // The row of key ld_key of tile i (nullptr past the range: zero-filled). Its block-table read is
+  // issued one tile ahead of the copy that needs it, so no warp waits on it.
+  auto locate = [&](int i) -> const __nv_bfloat16* {
+    if (i >= n_tiles) return nullptr;
     const int j = tile_key0(i) + ld_key;
-    const bool valid = j < (i < n_pre ? kp_hi : P + T);  // keys past the range are zero-filled
-    const __nv_bfloat16* src = kv;
-    if (valid) {
-      const int page_index = min((BUG == KDTR_BUG_PAGE_OFF_BY_ONE ? j + 1 : j) / p.page_size, p.max_pages - 1);
-      src = kv + kdtr::kv_row_offset(p, b, page_index, j % p.page_size);
-    }
-    const unsigned dst = kdtr::smem_addr(smem + Smem::kv + stage * STAGE_BYTES) + (ld_key >> 3) * 128 + (ld_key & 7) * 16;
+    if (j >= (i < n_pre ? kp_hi : P + T)) return nullptr;
+    const int page_index = min((BUG == KDTR_BUG_PAGE_OFF_BY_ONE ? j + 1 : j) / p.page_size, p.max_pages - 1);
+    return kv + kdtr::kv_row_offset(p, b, page_index, j % p.page_size);
+  };
+  auto load_tile = [&](const __nv_bfloat16* src, int stage) {
+    const bool valid = src != nullptr;
+    const unsigned tile = kv_base + stage * STAGE_BYTES;
+    if constexpr (SW128) {
+      static_assert(BN == 32, "SW128 loads: 8 warps x 4 keys");
+      const unsigned dst = tile + ld_key * 128 + ((ld_c0 ^ (ld_key & 7)) * 16);
 #pragma unroll
-    for (int c = ld_c0; c < CHUNKS; c += 16 / KEY_WARPS) kdtr::cp_async16(dst + c * CHUNK_STRIDE, valid ? src + c * 8 : kv, valid);
+      for (int sl = 0; sl < KDTR_DK / 64; ++sl) kdtr::cp_async16(dst + sl * SLAB, valid ? src + sl * 64 + ld_c0 * 8 : kv, valid);
+    } else {
+      const unsigned dst = tile + (ld_key >> 3) * 128 + (ld_key & 7) * 16;
+#pragma unroll
+      for (int c = ld_c0; c < CHUNKS; c += 16 / KEY_WARPS) kdtr::cp_async16(dst + c * CHUNK_STRIDE, valid ? src + c * 8 : kv, valid);
+    }
+  };
+  // wgmma descriptors of S's k-step ks (K-major B) and of P V's key step kk (MN-major B)
+  auto desc_k = [&](unsigned tile, int ks) {
+    return SW128 ? desc(tile + (ks >> 2) * SLAB + (ks & 3) * 32, 16, 1024) : desc(tile + ks * 2 * CHUNK_STRIDE, CHUNK_STRIDE, 128);
+  };
+  auto desc_v = [&](unsigned tile, int kk) {
+    return SW128 ? desc(tile + wg * 4 * SLAB + kk * 2048, SLAB, 1024)
+                 : desc(tile + wg * 32 * CHUNK_STRIDE + kk * 2 * 128, 128, CHUNK_STRIDE);
   };
 
   // ---- Q as wgmma A fragments: rows ww*16 + g (+8), columns of this warpgroup's k-steps ----
@@ -301,12 +327,12 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
 #pragma unroll
   for (int e = 0; e < O_REGS; ++e) acc[e] = 0.f;
 
-  const unsigned kv_base = kdtr::smem_addr(smem + Smem::kv);
 #pragma unroll
   for (int st = 0; st < STAGES - 1; ++st) {
-    if (st < n_tiles) load_tile(st, st);  // a split past a short prefix may have no key at all
+    if (st < n_tiles) load_tile(locate(st), st);  // a split past a short prefix may have no key at all
     kdtr::cp_async_commit();
   }
+  const __nv_bfloat16* src_next = locate(STAGES - 1);
 
   for (int i = 0; i < n_tiles; ++i) {
     const int stage = i % STAGES;
@@ -315,8 +341,9 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
     __syncthreads();  // [A] tile i resident; both warpgroups done with tile i-1 and the swap buffer
     {
       const int nx = i + STAGES - 1;
-      if (nx < n_tiles && !(KDTR_F90_EXP & EXP_NO_LOADS)) load_tile(nx, nx % STAGES);
+      if (nx < n_tiles && !(KDTR_F90_EXP & EXP_NO_LOADS)) load_tile(src_next, nx % STAGES);
       kdtr::cp_async_commit();
+      src_next = locate(nx + 1);
     }
     const unsigned tile = kv_base + stage * STAGE_BYTES;
 
@@ -330,7 +357,7 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
 #pragma unroll
       for (int ks = 0; ks < KSTEPS_WG; ++ks) {
         const int kstep = wg * KSTEPS_WG + ks;
-        wgmma_s<BN>(s, qf[ks], desc(tile + kstep * 2 * CHUNK_STRIDE, CHUNK_STRIDE, 128), ks > 0);
+        wgmma_s<BN>(s, qf[ks], desc_k(tile, kstep), ks > 0);
       }
       wgmma_commit();
       wgmma_wait<0>();
@@ -415,7 +442,7 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < BN / 16; ++kk)
-        wgmma_m64n256k16<1>(acc, pa[kk], desc(tile + wg * 32 * CHUNK_STRIDE + kk * 2 * 128, 128, CHUNK_STRIDE), 1);
+        wgmma_m64n256k16<1>(acc, pa[kk], desc_v(tile, kk), 1);
       wgmma_commit();
       wgmma_wait<0>();
       reg_fence(acc);

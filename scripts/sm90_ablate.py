@@ -11,13 +11,11 @@ from kdtr.timing import measure_peaks
 
 DEFAULT = {
     "base": "",
-    "stages3": "-DKDTR_F90_STAGES=3",
-    "stages4": "-DKDTR_F90_STAGES=4",
-    "no-loads": "-DKDTR_F90_EXP=1",
     "loads-only": "-DKDTR_F90_EXP=30",
-    "no-S": "-DKDTR_F90_EXP=2",
-    "no-PV": "-DKDTR_F90_EXP=4",
-    "no-swap-softmax": "-DKDTR_F90_EXP=24",
+    "sw128": "-DKDTR_F90_SW128=1",
+    "sw128-loads-only": "-DKDTR_F90_SW128=1 -DKDTR_F90_EXP=30",
+    "sw128-stages3": "-DKDTR_F90_SW128=1 -DKDTR_F90_STAGES=3",
+    "sw128-no-loads": "-DKDTR_F90_SW128=1 -DKDTR_F90_EXP=1",
 }
 variants = dict(a.split("=", 1) for a in sys.argv[1:]) or DEFAULT
 impls = [flash.FlashKernel(label, kernels.FLASH90_CAPS, 0, flash.SM90, tuple(o.split())) for label, o in variants.items()]

@@ -1,7 +1,9 @@
 """Where a flash kernel goes wrong, by block: relative error of out per 64-column block and per
 16-row group, and of lse, against the float64 reference on small cases (GPU needed).
 
-    python3 scripts/sm90_debug.py [kernel ...]      (default: flash-sm90)
+    python3 scripts/sm90_debug.py [KERNEL | LABEL=NVRTC-OPTS ...]   (default: flash-sm90)
+
+LABEL=OPTS builds flash-sm90 with those options (its -D experiment knobs), e.g. sw=-DKDTR_F90_SW128=1.
 
 lse depends on S = Q K^T alone and out on S and P V too, so the pattern says which product (and
 which warpgroup / warp) is at fault. A diagnosis aid for kernel work, not a check.
@@ -11,6 +13,7 @@ import sys
 import numpy as np
 
 from kdtr.cases import CaseSpec, build_problem
+from kdtr import flash, kernels
 from kdtr.kernels import resolve_kernel
 from kdtr.reference import reference
 
@@ -27,7 +30,11 @@ def rel(a, b):
 
 
 for name in sys.argv[1:] or ["flash-sm90"]:
-    k = resolve_kernel(name)
+    if "=" in name and not name.split("=")[0].endswith("-bug"):
+        label, opts = name.split("=", 1)
+        k = flash.FlashKernel(label, kernels.FLASH90_CAPS, 0, flash.SM90, tuple(opts.split()))
+    else:
+        k = resolve_kernel(name)
     for spec in CASES:
         prob, _ = build_problem(spec)
         ref_out, ref_lse = reference(prob)  # [B, T, H, 512], [B, T, H]
