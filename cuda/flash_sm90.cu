@@ -51,7 +51,7 @@ namespace f90 {
 #define KDTR_F90_EXP 0
 #endif
 #ifndef KDTR_F90_SW128
-#define KDTR_F90_SW128 0
+#define KDTR_F90_SW128 1
 #endif
 constexpr int EXP_NO_LOADS = 1, EXP_NO_S = 2, EXP_NO_PV = 4, EXP_NO_SWAP = 8, EXP_NO_SOFTMAX = 16;
 

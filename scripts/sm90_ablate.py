@@ -11,15 +11,17 @@ from kdtr.timing import measure_peaks
 
 DEFAULT = {
     "base": "",
-    "loads-only": "-DKDTR_F90_EXP=30",
-    "sw128": "-DKDTR_F90_SW128=1",
-    "sw128-loads-only": "-DKDTR_F90_SW128=1 -DKDTR_F90_EXP=30",
-    "sw128-stages3": "-DKDTR_F90_SW128=1 -DKDTR_F90_STAGES=3",
-    "sw128-no-loads": "-DKDTR_F90_SW128=1 -DKDTR_F90_EXP=1",
+    "no-loads": "-DKDTR_F90_EXP=1",
+    "nl-gemm-only": "-DKDTR_F90_EXP=25",
+    "nl-no-S": "-DKDTR_F90_EXP=3",
+    "nl-no-PV": "-DKDTR_F90_EXP=5",
+    "nl-no-swap": "-DKDTR_F90_EXP=9",
+    "nl-no-softmax": "-DKDTR_F90_EXP=17",
+    "nl-no-gemm": "-DKDTR_F90_EXP=7",
 }
 variants = dict(a.split("=", 1) for a in sys.argv[1:]) or DEFAULT
 impls = [flash.FlashKernel(label, kernels.FLASH90_CAPS, 0, flash.SM90, tuple(o.split())) for label, o in variants.items()]
-specs = (bench.grid(["deepseek-v3"], [8], [256], [32768], [1]) + bench.grid(["kimi-k2"], [8], [0, 8], [32768], [32]))
+specs = bench.grid(["deepseek-v3"], [8], [256], [32768], [1]) + bench.grid(["kimi-k2"], [8], [0], [32768], [32])
 peaks = measure_peaks()
 print(f"peaks: copy {peaks['copy_gbs']:.0f} GB/s, gemm {peaks['gemm_tflops']:.0f} TFLOP/s")
 for spec in specs:
