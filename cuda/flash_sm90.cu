@@ -7,26 +7,31 @@
 //
 // Design (SPEC sections 1, 3, 5; the same operator, split plan and workspace as flash_verify.cu)
 //   * wgmma.mma_async (m64nNk16, bf16 in, fp32 accumulate): the tensor cores read the KV tile
-//     straight from shared memory for both products, which is what mma.sync cannot do at this
-//     width (its B fragments go through the register file and cap the rate; docs/PERF.md).
-//   * KV tiles of BN = 32 keys x 576 (one tree-mask word per tail tile) come in through cp.async,
-//     2 stages of 36 KB, stored as 8 x 16-byte "core matrices" (no swizzle): chunk c of key k at
-//     ((c * 4 + k / 8) * 8 + k % 8) * 16 bytes. The same bytes are the K-major B of S = Q K^T
-//     and the MN-major B of O = P V: only the descriptors' strides differ.
-//   * Q stays in registers as wgmma A fragments; warpgroup w holds columns w*288..+288 of all 64
-//     rows (72 registers) and computes a partial S[64 x 32]; the two partials are swapped through
-//     16 KB of shared memory, so both warpgroups hold the full S and run the same online softmax.
+//     straight from shared memory for both products, which mma.sync cannot do at this width (its
+//     B fragments go through the register file; docs/PERF.md).
+//   * KV tiles of BN = 16 keys x 576 come in through cp.async, STAGES = 4 deep (18 KB each), in the
+//     wgmma 128-byte-swizzle layout: 9 slabs of 64 columns, key k's 128-byte row of a slab at
+//     k * 128 with its 16-byte chunks XOR-ed by k % 8. A quarter warp copies one such row (whole
+//     lines from global memory, conflict-free stores). The same bytes are the K-major B of
+//     S = Q K^T and the MN-major B of O = P V: only the descriptors differ.
+//   * Q stays in registers as wgmma A fragments: warpgroup w holds columns w*288..+288 of all 64
+//     rows (72 registers) and computes a partial S[64 x 16]; the two partials are swapped through
+//     8 KB of shared memory, so both warpgroups hold the full S and run the same online softmax.
 //   * O[64 x 512] is split by columns: warpgroup w accumulates O[:, w*256..+256] (128 fp32
 //     registers per thread), P coming from registers (the S accumulator layout is the A layout).
-//   * Tree tail in the same pass, as in flash_verify.cu: only tail tiles some row of the CTA sees
-//     are loaded; each row's mask word for the tile decides visibility.
-//   Shared memory: 2 x 36 864 (KV) + 16 384 (S swap) + tile list = ~90 KB, within sm_120's 99 KB
-//   like every kdtr kernel (static_assert), though only sm_90a has wgmma.
+//   * Overlap: while the softmax of tile i runs on the CUDA cores, the tensor cores compute S of
+//     tile i+1; the swap of S(i+1) runs while P V of tile i is in flight.
+//   * Tree tail in the same pass: only tail tiles some row of the CTA sees are loaded; each row's
+//     mask word decides visibility. Full prefix tiles skip the mask arithmetic.
+//   Shared memory: 4 x 18 432 (KV) + 1 KB alignment + 8 KB (S swap) + tile list = ~83 KB, within
+//   sm_120's 99 KB like every kdtr kernel (static_assert), though only sm_90a has wgmma.
 //
 // How to run
 //   kdtr verify -k flash-sm90 ci     correctness on the committed goldens (needs an sm_90 GPU)
 //   kdtr bench  -k flash-sm90 --model deepseek-v3 --tp 8 --budget 64,256 --prefix 8k,32k
 //   Compiled for sm_90a only (kdtr.kernels.compile_targets); the launch plan is kdtr/flash.py's.
+//   Experiment knobs (NVRTC -D, e.g. through scripts/sm90_ablate.py): KDTR_F90_BN=32,
+//   KDTR_F90_STAGES=3 (above 99 KB: measurement only).
 
 #include <cuda_bf16.h>
 
@@ -39,52 +44,40 @@
 // ---------------------------------------------------------------------------------------------
 namespace f90 {
 
-// Experiment knobs (docs/PERF.md): -DKDTR_F90_BN=64, -DKDTR_F90_STAGES=3 (both above the 99 KB
-// that the default keeps), -DKDTR_F90_EXP=bits to leave stages out when timing (never correct).
 #ifndef KDTR_F90_BN
-#define KDTR_F90_BN 32
+#define KDTR_F90_BN 16
 #endif
 #ifndef KDTR_F90_STAGES
-#define KDTR_F90_STAGES 2
+#define KDTR_F90_STAGES 4
 #endif
-#ifndef KDTR_F90_EXP
-#define KDTR_F90_EXP 0
-#endif
-#ifndef KDTR_F90_SW128
-#define KDTR_F90_SW128 1
-#endif
-constexpr int EXP_NO_LOADS = 1, EXP_NO_S = 2, EXP_NO_PV = 4, EXP_NO_SWAP = 8, EXP_NO_SOFTMAX = 16;
 
 constexpr int BM = 64;                          // query rows per CTA (the wgmma M)
-constexpr int BN = KDTR_F90_BN;                 // keys per KV tile: 32 (one mask word) or 64
-constexpr int STAGES = KDTR_F90_STAGES;         // cp.async pipeline depth
-constexpr int WORDS_PER_TILE = BN / KDTR_MASK_BITS;  // mask words per tail tile
-constexpr bool SW128 = KDTR_F90_SW128;          // KV tile layout: 128-byte swizzle, else core matrices
-constexpr int SLAB = BN * 128;                  // SW128: bytes of one 64-column slab of the tile
+constexpr int BN = KDTR_F90_BN;                 // keys per KV tile (16 or 32)
+constexpr int STAGES = KDTR_F90_STAGES;         // cp.async pipeline depth (>= 3: tiles i, i+1 in use)
 constexpr int NTHREADS = 256;                   // two warpgroups
 constexpr int KSTEPS_WG = KDTR_DK / 16 / 2;     // 18 k-steps of S per warpgroup
-constexpr int CHUNKS = KDTR_DK * 2 / 16;        // 72 16-byte chunks per key row
-constexpr int KGROUPS = BN / 8;                 // 4 core-matrix rows of keys
-constexpr int CHUNK_STRIDE = KGROUPS * 128;     // 512 B between chunk c and c+1 (all BN keys)
-constexpr int KEY_WARPS = BN / 16;              // warps covering the BN keys of one chunk pair
-constexpr int STAGE_BYTES = BN * KDTR_DK * 2;   // 36 864
-constexpr int S_REGS = BM * BN / 128;           // 16 fp32 of S per thread
+constexpr int SLABS = KDTR_DK / 64;             // 9 slabs of 64 columns (128-byte swizzle rows)
+constexpr int SLAB = BN * 128;                  // bytes of one slab of a tile
+constexpr int STAGE_BYTES = SLABS * SLAB;       // 18 432
+constexpr int S_REGS = BM * BN / 128;           // 8 fp32 of S per thread
 constexpr int O_REGS = BM * (KDTR_DV / 2) / 128;  // 128 fp32 of O per thread
+constexpr int TILES_PER_WORD = KDTR_MASK_BITS / BN;
 constexpr int MAX_T = 1280;                     // tree nodes supported (tail-tile list size)
-constexpr int MAX_TAIL_TILES = MAX_T / BN;      // 40
+constexpr int MAX_TAIL_TILES = MAX_T / BN;      // 80
 
 struct Smem {                                   // byte offsets into dynamic shared memory
-  static constexpr int kv = 0;                               // bf16 [STAGES][core-matrix tile]
-  static constexpr int swap = kv + STAGES * STAGE_BYTES + 1024;  // float [2 wg][S_REGS][128 threads]; 1 KB: kv alignment slack
-  static constexpr int live = swap + 2 * S_REGS * 128 * 4;   // int [MAX_TAIL_TILES] 0/1
-  static constexpr int tiles = live + MAX_TAIL_TILES * 4;    // int [MAX_TAIL_TILES] live tail tiles
-  static constexpr int count = tiles + MAX_TAIL_TILES * 4;   // int
+  static constexpr int kv = 0;                                     // bf16 [STAGES][SLABS][BN][64], swizzled
+  static constexpr int swap = kv + STAGES * STAGE_BYTES + 1024;    // float [2 wg][S_REGS][128]; 1 KB: kv alignment
+  static constexpr int live = swap + 2 * S_REGS * 128 * 4;         // int [MAX_TAIL_TILES] 0/1
+  static constexpr int tiles = live + MAX_TAIL_TILES * 4;          // int [MAX_TAIL_TILES] live tail tiles
+  static constexpr int count = tiles + MAX_TAIL_TILES * 4;         // int
   static constexpr int bytes = count + 16;
 };
-#if KDTR_F90_BN == 32 && KDTR_F90_STAGES == 2
+#if KDTR_F90_BN == 16 && KDTR_F90_STAGES == 4
 static_assert(Smem::bytes <= 99 * 1024, "shared memory per block must stay within sm_120's 99 KB");
 #endif
-static_assert(BN % KDTR_MASK_BITS == 0 && (BN == 32 || BN == 64), "whole mask words per tail tile");
+static_assert((BN == 16 || BN == 32) && STAGES >= 3, "tiles of 16 or 32 keys, >= 3 stages");
+static_assert(STAGE_BYTES % 1024 == 0, "every stage starts on a 128-byte-swizzle atom");
 
 }  // namespace f90
 
@@ -97,11 +90,12 @@ extern "C" __constant__ int kdtr_flash90_config[6] = {f90::BN, f90::STAGES, f90:
 // ---------------------------------------------------------------------------------------------
 namespace f90 {
 
-// Shared-memory matrix descriptor, no swizzle: start address, LBO = byte stride between core
-// matrices along K, SBO = along M/N (PTX ISA, "Matrix Descriptor Format"; 16-byte units).
-__device__ __forceinline__ unsigned long long desc(unsigned addr, unsigned lbo, unsigned sbo) {
+// Shared-memory matrix descriptor, 128-byte swizzle: start address, LBO and SBO in bytes (PTX ISA,
+// "Matrix Descriptor Format"; 16-byte units). K-major: SBO = 8-row group stride (LBO unused);
+// MN-major: LBO = stride between 64-wide column blocks, SBO = 8-row (K) group stride.
+__device__ __forceinline__ unsigned long long desc_sw128(unsigned addr, unsigned lbo, unsigned sbo) {
   return (unsigned long long)((addr >> 4) & 0x3FFFu) | ((unsigned long long)((lbo >> 4) & 0x3FFFu) << 16) |
-         ((unsigned long long)((sbo >> 4) & 0x3FFFu) << 32) | (SW128 ? 1ull << 62 : 0ull);
+         ((unsigned long long)((sbo >> 4) & 0x3FFFu) << 32) | (1ull << 62);
 }
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
@@ -111,7 +105,7 @@ __device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sy
 // cp.async writes (generic proxy) made visible to wgmma reads (async proxy); before the barrier.
 __device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
-// Keep the compiler from moving accumulator reads/writes across an in-flight wgmma.
+// Keep the compiler from touching accumulators across an in-flight wgmma.
 template <int N>
 __device__ __forceinline__ void reg_fence(float (&d)[N]) {
 #pragma unroll
@@ -121,6 +115,25 @@ __device__ __forceinline__ void reg_fence(float (&d)[N]) {
 __device__ __forceinline__ unsigned pack_bf16(float lo, float hi) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<const unsigned*>(&v);
+}
+
+// 2^x on the SFU, flushing denormals (P and alpha need no more).
+__device__ __forceinline__ float ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// D[64 x 16] (+)= A[64 x 16] (registers) * B[16 x 16] (shared, descriptor); TRANS_B: B is MN-major.
+template <int TRANS_B>
+__device__ __forceinline__ void wgmma_m64n16k16(float (&d)[8], const unsigned (&a)[4], unsigned long long desc, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 "
+      "{%0,%1,%2,%3,%4,%5,%6,%7}, "
+      "{%8,%9,%10,%11}, %12, p, 1, 1, %14;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(accumulate), "n"(TRANS_B));
 }
 
 // D[64 x 32] (+)= A[64 x 16] (registers) * B[16 x 32] (shared, descriptor); TRANS_B: B is MN-major.
@@ -170,28 +183,11 @@ __device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], const unsigned
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(accumulate), "n"(TRANS_B));
 }
 
-
-// D[64 x 64] (+)= A[64 x 16] (registers) * B[16 x 64] (shared, descriptor); TRANS_B: B is MN-major.
-template <int TRANS_B>
-__device__ __forceinline__ void wgmma_m64n64k16(float (&d)[32], const unsigned (&a)[4], unsigned long long desc, int accumulate) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
-      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, "
-      "{%32,%33,%34,%35}, %36, p, 1, 1, %38;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(accumulate), "n"(TRANS_B));
-}
-
 // S tile of BN keys: one wgmma per k-step.
 template <int N>
 __device__ __forceinline__ void wgmma_s(float (&d)[N / 2], const unsigned (&a)[4], unsigned long long desc, int accumulate) {
-  if constexpr (N == 32) wgmma_m64n32k16<0>(d, a, desc, accumulate);
-  else wgmma_m64n64k16<0>(d, a, desc, accumulate);
+  if constexpr (N == 16) wgmma_m64n16k16<0>(d, a, desc, accumulate);
+  else wgmma_m64n32k16<0>(d, a, desc, accumulate);
 }
 
 }  // namespace f90
@@ -230,7 +226,7 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
   const int n_pre = (kp_hi - kp_lo + BN - 1) / BN;
   const bool has_tail = split == nsplit - 1;
 
-  // ---- live tail tiles: tile w / WORDS_PER_TILE of mask word w, when some row of this CTA sees it ----
+  // ---- live tail tiles: nodes BN*w..BN*w+BN-1 some row of this CTA sees ----
   if (tid < MAX_TAIL_TILES) live[tid] = 0;
   __syncthreads();
   if (has_tail) {
@@ -239,7 +235,9 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
       const int t = t_lo + idx / W, w = idx % W;
       unsigned word = mask_b[(long long)t * W + w];
       if (BUG == KDTR_BUG_SIBLING_VISIBLE && t >= 1 && (t - 1) / 32 == w) word |= 1u << ((t - 1) % 32);
-      if (word) live[w / WORDS_PER_TILE] = 1;
+#pragma unroll
+      for (int q = 0; q < TILES_PER_WORD; ++q)
+        if ((word >> (q * BN)) & (0xFFFFFFFFu >> (32 - BN))) live[w * TILES_PER_WORD + q] = 1;
     }
   }
   __syncthreads();
@@ -254,42 +252,25 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
   // first key of tile i: prefix tiles from kp_lo, tail tile w at P + BN w
   auto tile_key0 = [&](int i) { return i < n_pre ? kp_lo + i * BN : P + tail_tiles[i - n_pre] * BN; };
 
-  // One key row per thread. Core-matrix layout: 16 keys x 2 neighbouring chunks per warp
-  // instruction (full 32-byte sectors, 128 contiguous shared bytes per quarter warp). SW128: 4 keys
-  // x one 128-byte slab row per instruction (full lines; a quarter warp fills one swizzled row).
-  const int ld_key = SW128 ? warp * 4 + (lane >> 3) : (warp % KEY_WARPS) * 16 + (lane >> 4) * 8 + (lane & 7);
-  const int ld_c0 = SW128 ? (lane & 7) : 2 * (warp / KEY_WARPS) + ((lane >> 3) & 1);
+  // ---- KV tile loads: a quarter warp copies one (key, slab) row of 128 bytes; each thread keeps
+  // one key, so its block-table read (issued a tile ahead, see src_next) is one per tile ----
+  const int ld_row = tid >> 3, ld_chunk = tid & 7;
+  const int ld_key = ld_row % BN, ld_slab0 = ld_row / BN;
+  constexpr int SLAB_STEP = NTHREADS / 8 / BN;
   const unsigned kv_base = (kdtr::smem_addr(smem) + Smem::kv + 1023u) & ~1023u;  // swizzle atoms: 1 KB
-  // The row of key ld_key of tile i (nullptr past the range: zero-filled). Its block-table read is
-  // issued one tile ahead of the copy that needs it, so no warp waits on it.
-  auto locate = [&](int i) -> const __nv_bfloat16* {
+  auto locate = [&](int i) -> const __nv_bfloat16* {  // the row of key ld_key of tile i, or nullptr
     if (i >= n_tiles) return nullptr;
     const int j = tile_key0(i) + ld_key;
-    if (j >= (i < n_pre ? kp_hi : P + T)) return nullptr;
+    if (j >= (i < n_pre ? kp_hi : P + T)) return nullptr;  // past the range: zero-filled
     const int page_index = min((BUG == KDTR_BUG_PAGE_OFF_BY_ONE ? j + 1 : j) / p.page_size, p.max_pages - 1);
     return kv + kdtr::kv_row_offset(p, b, page_index, j % p.page_size);
   };
   auto load_tile = [&](const __nv_bfloat16* src, int stage) {
     const bool valid = src != nullptr;
-    const unsigned tile = kv_base + stage * STAGE_BYTES;
-    if constexpr (SW128) {
-      static_assert(BN == 32, "SW128 loads: 8 warps x 4 keys");
-      const unsigned dst = tile + ld_key * 128 + ((ld_c0 ^ (ld_key & 7)) * 16);
+    const unsigned dst = kv_base + stage * STAGE_BYTES + ld_key * 128 + ((ld_chunk ^ (ld_key & 7)) * 16);
 #pragma unroll
-      for (int sl = 0; sl < KDTR_DK / 64; ++sl) kdtr::cp_async16(dst + sl * SLAB, valid ? src + sl * 64 + ld_c0 * 8 : kv, valid);
-    } else {
-      const unsigned dst = tile + (ld_key >> 3) * 128 + (ld_key & 7) * 16;
-#pragma unroll
-      for (int c = ld_c0; c < CHUNKS; c += 16 / KEY_WARPS) kdtr::cp_async16(dst + c * CHUNK_STRIDE, valid ? src + c * 8 : kv, valid);
-    }
-  };
-  // wgmma descriptors of S's k-step ks (K-major B) and of P V's key step kk (MN-major B)
-  auto desc_k = [&](unsigned tile, int ks) {
-    return SW128 ? desc(tile + (ks >> 2) * SLAB + (ks & 3) * 32, 16, 1024) : desc(tile + ks * 2 * CHUNK_STRIDE, CHUNK_STRIDE, 128);
-  };
-  auto desc_v = [&](unsigned tile, int kk) {
-    return SW128 ? desc(tile + wg * 4 * SLAB + kk * 2048, SLAB, 1024)
-                 : desc(tile + wg * 32 * CHUNK_STRIDE + kk * 2 * 128, 128, CHUNK_STRIDE);
+    for (int sl = ld_slab0; sl < SLABS; sl += SLAB_STEP)
+      kdtr::cp_async16(dst + sl * SLAB, valid ? src + sl * 64 + ld_chunk * 8 : kv, valid);
   };
 
   // ---- Q as wgmma A fragments: rows ww*16 + g (+8), columns of this warpgroup's k-steps ----
@@ -311,15 +292,29 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
     }
   }
 
-  // ---- softmax state of this thread's two rows (half 0: row g, half 1: row g + 8) ----
-  int srow[2], snode[2];
-  bool row_ok[2];
+  // S partial of tile i (this warpgroup's 288 columns), issued, not waited for: K-major B
+  auto issue_s = [&](float (&s)[S_REGS], int i) {
+    const unsigned tile = kv_base + (i % STAGES) * STAGE_BYTES;
+    wgmma_fence();
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    srow[h] = r0 + ww * 16 + g + 8 * h;
-    row_ok[h] = srow[h] < R;
-    snode[h] = row_ok[h] ? srow[h] / H : 0;
-  }
+    for (int ks = 0; ks < KSTEPS_WG; ++ks) {
+      const int kstep = wg * KSTEPS_WG + ks;
+      wgmma_s<BN>(s, qf[ks], desc_sw128(tile + (kstep >> 2) * SLAB + (kstep & 3) * 32, 16, 1024), ks > 0);
+    }
+    wgmma_commit();
+  };
+  // full S from the two partials: thread wtid of one warpgroup holds the same (row, key) slots as
+  // in the other; the caller guarantees the previous swap was read by everyone ([A])
+  auto swap_s = [&](float (&s)[S_REGS]) {
+#pragma unroll
+    for (int e = 0; e < S_REGS; ++e) swap[(wg * S_REGS + e) * 128 + wtid] = s[e];
+    __syncthreads();  // [B]
+#pragma unroll
+    for (int e = 0; e < S_REGS; ++e) s[e] += swap[((1 - wg) * S_REGS + e) * 128 + wtid];
+  };
+
+  // ---- softmax state of this thread's two rows (half 0: row g, half 1: row g + 8) ----
+  const int srow0 = r0 + ww * 16 + g;  // row of half h: srow0 + 8 h (recomputed, not held: registers)
   const float sc = p.scale * LOG2E * (BUG == KDTR_BUG_SCALE_OFF ? 1.01f : 1.0f);
   float m_run[2] = {kdtr::neg_inf(), kdtr::neg_inf()}, l_run[2] = {0.f, 0.f};  // l: this thread's columns only
 
@@ -327,88 +322,80 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
 #pragma unroll
   for (int e = 0; e < O_REGS; ++e) acc[e] = 0.f;
 
+  // ---- pipeline: tile t is cp.async group t; prologue loads tiles 0..STAGES-2 and computes S(0) ----
 #pragma unroll
   for (int st = 0; st < STAGES - 1; ++st) {
-    if (st < n_tiles) load_tile(locate(st), st);  // a split past a short prefix may have no key at all
+    load_tile(locate(st), st);  // a split past a short prefix may have no key at all: zero-filled
     kdtr::cp_async_commit();
   }
   const __nv_bfloat16* src_next = locate(STAGES - 1);
-
-  for (int i = 0; i < n_tiles; ++i) {
-    const int stage = i % STAGES;
+  float s_cur[S_REGS], s_nxt[S_REGS];
+  if (n_tiles > 0) {
     kdtr::cp_async_wait<STAGES - 2>();
     fence_async_smem();
-    __syncthreads();  // [A] tile i resident; both warpgroups done with tile i-1 and the swap buffer
+    __syncthreads();
+    issue_s(s_cur, 0);
+    wgmma_wait<0>();
+    reg_fence(s_cur);
+    swap_s(s_cur);
+  }
+
+  for (int i = 0; i < n_tiles; ++i) {
+    // [A] tile i+1 resident; P V(i-1) done in both warpgroups (its stage is free); swap of S(i) read
+    wgmma_wait<0>();
+    reg_fence(acc);
+    kdtr::cp_async_wait<STAGES - 3>();
+    fence_async_smem();
+    __syncthreads();
     {
-      const int nx = i + STAGES - 1;
-      if (nx < n_tiles && !(KDTR_F90_EXP & EXP_NO_LOADS)) load_tile(src_next, nx % STAGES);
+      const int nx = i + STAGES - 1;  // into the stage of tile i-1
+      if (nx < n_tiles) load_tile(src_next, nx % STAGES);
       kdtr::cp_async_commit();
       src_next = locate(nx + 1);
     }
-    const unsigned tile = kv_base + stage * STAGE_BYTES;
+    const bool more = i + 1 < n_tiles;
+    if (more) issue_s(s_nxt, i + 1);  // tensor cores: S(i+1) while the softmax of tile i runs
 
-    // S partial = Q[:, this warpgroup's 288 columns] K^T: K-major B, LBO = chunk stride, SBO = key group
-    float s[S_REGS];
-    if (KDTR_F90_EXP & EXP_NO_S) {
-#pragma unroll
-      for (int e = 0; e < S_REGS; ++e) s[e] = 0.f;
-    } else {
-      wgmma_fence();
-#pragma unroll
-      for (int ks = 0; ks < KSTEPS_WG; ++ks) {
-        const int kstep = wg * KSTEPS_WG + ks;
-        wgmma_s<BN>(s, qf[ks], desc_k(tile, kstep), ks > 0);
-      }
-      wgmma_commit();
-      wgmma_wait<0>();
-      reg_fence(s);
-    }
-
-    // swap partials: thread wtid of one warpgroup holds the same (row, key) slots as in the other
-    if (!(KDTR_F90_EXP & EXP_NO_SWAP)) {
-#pragma unroll
-      for (int e = 0; e < S_REGS; ++e) swap[(wg * S_REGS + e) * 128 + wtid] = s[e];
-      __syncthreads();  // [B]
-#pragma unroll
-      for (int e = 0; e < S_REGS; ++e) s[e] += swap[((1 - wg) * S_REGS + e) * 128 + wtid];
-    }
-
-    // mask + online softmax (exp2 domain); element e: n8 block e/4, row half (e/2)%2, column pair e%2
-    if (!(KDTR_F90_EXP & EXP_NO_SOFTMAX)) {
+    // mask + online softmax of S(i) (exp2 domain); element e: n8 block e/4, row half (e/2)%2,
+    // column pair e%2
     const int key0 = tile_key0(i);
-    const bool tail = i >= n_pre;
-    unsigned word[2][WORDS_PER_TILE] = {};
-    if (tail) {
+    if (i >= n_pre) {  // tail tile: the mask word of each row
+      const int n0 = key0 - P, w = n0 / KDTR_MASK_BITS;
 #pragma unroll
-      for (int q = 0; q < WORDS_PER_TILE; ++q) {
-        const int w = (key0 - P) / KDTR_MASK_BITS + q;
-        if (w >= W) continue;
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          if (!row_ok[h]) continue;
-          const int t = snode[h];
-          unsigned x = mask_b[(long long)t * W + w];
+      for (int h = 0; h < 2; ++h) {
+        unsigned x = 0u;
+        if (srow0 + 8 * h < R) {
+          const int t = (srow0 + 8 * h) / H;
+          x = mask_b[(long long)t * W + w];
           if (BUG == KDTR_BUG_SIBLING_VISIBLE && t >= 1 && (t - 1) / 32 == w) x |= 1u << ((t - 1) % 32);
-          const int valid_bits = T - w * KDTR_MASK_BITS;  // nodes past T are never visible
-          if (valid_bits < 32) x &= (1u << valid_bits) - 1u;
-          word[h][q] = x;
+          x >>= n0 % KDTR_MASK_BITS;
+          if (T - n0 < 32) x &= (1u << (T - n0)) - 1u;  // nodes past T are never visible
+        }
+#pragma unroll
+        for (int e = 2 * h; e < S_REGS; e += (e & 1) ? 3 : 1) {  // elements of row half h
+          const int col = (e >> 2) * 8 + 2 * tq + (e & 1);
+          s_cur[e] = ((x >> col) & 1u) ? s_cur[e] * sc : kdtr::neg_inf();
         }
       }
+    } else if (key0 + BN > kp_hi || srow0 + 8 >= R) {  // the last, partial prefix tile, or rows past R
+#pragma unroll
+      for (int e = 0; e < S_REGS; ++e) {
+        const int h = (e >> 1) & 1, col = (e >> 2) * 8 + 2 * tq + (e & 1);
+        s_cur[e] = (srow0 + 8 * h < R && key0 + col < kp_hi) ? s_cur[e] * sc : kdtr::neg_inf();
+      }
+    } else {  // a full prefix tile: every key visible
+#pragma unroll
+      for (int e = 0; e < S_REGS; ++e) s_cur[e] *= sc;
     }
     float mx[2] = {kdtr::neg_inf(), kdtr::neg_inf()};
 #pragma unroll
-    for (int e = 0; e < S_REGS; ++e) {
-      const int h = (e >> 1) & 1, col = (e >> 2) * 8 + 2 * tq + (e & 1);
-      const bool vis = row_ok[h] && (tail ? ((word[h][col / 32] >> (col % 32)) & 1u) != 0u : key0 + col < kp_hi);
-      s[e] = vis ? s[e] * sc : kdtr::neg_inf();
-      mx[h] = fmaxf(mx[h], s[e]);
-    }
+    for (int e = 0; e < S_REGS; ++e) mx[(e >> 1) & 1] = fmaxf(mx[(e >> 1) & 1], s_cur[e]);
     float alpha[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const float m_new = fmaxf(m_run[h], kdtr::warp_max<4>(mx[h]));
       const float m_use = m_new == kdtr::neg_inf() ? 0.f : m_new;
-      alpha[h] = exp2f(m_run[h] - m_use);
+      alpha[h] = ex2(m_run[h] - m_use);
       m_run[h] = m_new;
       mx[h] = m_use;
     }
@@ -416,8 +403,8 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
 #pragma unroll
     for (int e = 0; e < S_REGS; ++e) {
       const int h = (e >> 1) & 1;
-      s[e] = exp2f(s[e] - mx[h]);
-      psum[h] += s[e];
+      s_cur[e] = ex2(s_cur[e] - mx[h]);
+      psum[h] += s_cur[e];
     }
 #pragma unroll
     for (int h = 0; h < 2; ++h) l_run[h] = l_run[h] * alpha[h] + psum[h];
@@ -425,29 +412,38 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
 #pragma unroll
       for (int e = 0; e < O_REGS; ++e) acc[e] *= alpha[(e >> 1) & 1];
     }
-    }
 
-    // P as A fragments (k-step kk: keys 16kk..16kk+15 = S n8 blocks 2kk, 2kk+1)
-    unsigned pa[BN / 16][4];
+    // O[:, wg*256..+256] += P(i) V(i): P as A fragments (k-step kk: keys 16kk.. = S n8 blocks
+    // 2kk, 2kk+1); V MN-major, LBO = slab stride (64 columns), SBO = 8 keys
+    {
+      const unsigned tile = kv_base + (i % STAGES) * STAGE_BYTES;
+      unsigned pa[BN / 16][4];
 #pragma unroll
-    for (int kk = 0; kk < BN / 16; ++kk) {
-      pa[kk][0] = pack_bf16(s[8 * kk + 0], s[8 * kk + 1]);
-      pa[kk][1] = pack_bf16(s[8 * kk + 2], s[8 * kk + 3]);
-      pa[kk][2] = pack_bf16(s[8 * kk + 4], s[8 * kk + 5]);
-      pa[kk][3] = pack_bf16(s[8 * kk + 6], s[8 * kk + 7]);
-    }
-
-    // O[:, wg*256..+256] += P V: MN-major B, LBO = key-group stride (K), SBO = chunk stride (N)
-    if (!(KDTR_F90_EXP & EXP_NO_PV)) {
+      for (int kk = 0; kk < BN / 16; ++kk) {
+        pa[kk][0] = pack_bf16(s_cur[8 * kk + 0], s_cur[8 * kk + 1]);
+        pa[kk][1] = pack_bf16(s_cur[8 * kk + 2], s_cur[8 * kk + 3]);
+        pa[kk][2] = pack_bf16(s_cur[8 * kk + 4], s_cur[8 * kk + 5]);
+        pa[kk][3] = pack_bf16(s_cur[8 * kk + 6], s_cur[8 * kk + 7]);
+      }
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < BN / 16; ++kk)
-        wgmma_m64n256k16<1>(acc, pa[kk], desc_v(tile, kk), 1);
+        wgmma_m64n256k16<1>(acc, pa[kk], desc_sw128(tile + wg * 4 * SLAB + kk * 2048, SLAB, 1024), 1);
       wgmma_commit();
-      wgmma_wait<0>();
-      reg_fence(acc);
+    }
+
+    // S(i+1) (and P V(i)): wait, then swap the partials
+    wgmma_wait<0>();
+    reg_fence(acc);
+    if (more) {
+      reg_fence(s_nxt);
+      swap_s(s_nxt);
+#pragma unroll
+      for (int e = 0; e < S_REGS; ++e) s_cur[e] = s_nxt[e];
     }
   }
+  wgmma_wait<0>();
+  reg_fence(acc);
   kdtr::cp_async_wait<0>();
 
   // ---- epilogue: out (one split) or fp32 partials + lse (several) ----
@@ -457,8 +453,8 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const float l = kdtr::warp_sum<4>(l_run[h]), m = m_run[h];
-    const int r = srow[h];
-    if (!row_ok[h]) continue;
+    const int r = srow0 + 8 * h;
+    if (r >= R) continue;
     const float inv = l > 0.f ? 1.f / l : 0.f;
     const long long orow = direct ? ((long long)b * R + r) * KDTR_DV : (((long long)b * nsplit + split) * R + r) * KDTR_DV;
 #pragma unroll

@@ -74,9 +74,6 @@ for mode in "${@:-check}"; do
       tail -n 4 "$LOGS/pytest_sm90.log" >>"$SUMMARY"
       ;;
     ablate)  # flash-sm90 with stages left out / deeper pipelines, then one ncu profile of the base kernel
-      [ -n "${KDTR_DEBUG:-}" ] && stage sm90_debug timeout 300 python3 scripts/sm90_debug.py flash-sm90 sw128=-DKDTR_F90_SW128=1 \
-        sw128s3="-DKDTR_F90_SW128=1 -DKDTR_F90_STAGES=3"
-      grep "out rel" "$LOGS/sm90_debug.log" >>"$SUMMARY"
       stage sm90_ablate timeout 400 python3 scripts/sm90_ablate.py
       grep -v Warn "$LOGS/sm90_ablate.log" | tail -n 40 >>"$SUMMARY"
       [ -n "${KDTR_NCU:-}" ] && stage ncu_sm90 timeout 200 ncu --clock-control none -k regex:flash90 -c 1 --section SpeedOfLight \

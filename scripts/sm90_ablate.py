@@ -1,6 +1,6 @@
 """Time flash-sm90 variants built with its -D experiment knobs (cuda/flash_sm90.cu) on a few shapes:
-stages left out (KDTR_F90_EXP bits) and deeper pipelines. A timing aid for docs/PERF.md; variants
-with stages left out compute wrong results by design, so nothing here is checked.
+tile sizes and pipeline depths (some above the 99 KB the default keeps). A timing aid for
+docs/PERF.md: nothing here is checked (scripts/sm90_debug.py and `kdtr verify` do that).
 
     python3 scripts/sm90_ablate.py [LABEL=OPTS ...]   e.g. s3=-DKDTR_F90_STAGES=3
 """
@@ -11,13 +11,9 @@ from kdtr.timing import measure_peaks
 
 DEFAULT = {
     "base": "",
-    "no-loads": "-DKDTR_F90_EXP=1",
-    "nl-gemm-only": "-DKDTR_F90_EXP=25",
-    "nl-no-S": "-DKDTR_F90_EXP=3",
-    "nl-no-PV": "-DKDTR_F90_EXP=5",
-    "nl-no-swap": "-DKDTR_F90_EXP=9",
-    "nl-no-softmax": "-DKDTR_F90_EXP=17",
-    "nl-no-gemm": "-DKDTR_F90_EXP=7",
+    "stages3": "-DKDTR_F90_STAGES=3",
+    "stages5": "-DKDTR_F90_STAGES=5",
+    "bn32-stages3": "-DKDTR_F90_BN=32 -DKDTR_F90_STAGES=3",
 }
 variants = dict(a.split("=", 1) for a in sys.argv[1:]) or DEFAULT
 impls = [flash.FlashKernel(label, kernels.FLASH90_CAPS, 0, flash.SM90, tuple(o.split())) for label, o in variants.items()]
