@@ -30,8 +30,9 @@
 //   kdtr verify -k flash-sm90 ci     correctness on the committed goldens (needs an sm_90 GPU)
 //   kdtr bench  -k flash-sm90 --model deepseek-v3 --tp 8 --budget 64,256 --prefix 8k,32k
 //   Compiled for sm_90a only (kdtr.kernels.compile_targets); the launch plan is kdtr/flash.py's.
-//   Experiment knobs (NVRTC -D, e.g. through scripts/sm90_ablate.py): KDTR_F90_BN=32,
-//   KDTR_F90_STAGES=3 (above 99 KB: measurement only).
+//   Experiment knobs (NVRTC -D, e.g. through scripts/sm90_ablate.py; add -DKDTR_F90_EXPERIMENT to
+//   lift the 99 KB assert): KDTR_F90_BN=16|32, KDTR_F90_STAGES=2 (serial) or >= 3 (overlapped),
+//   KDTR_F90_SCHAINS=1|2 (independent accumulator chains of S).
 
 #include <cuda_bf16.h>
 
@@ -45,15 +46,20 @@
 namespace f90 {
 
 #ifndef KDTR_F90_BN
-#define KDTR_F90_BN 16
+#define KDTR_F90_BN 32
 #endif
 #ifndef KDTR_F90_STAGES
-#define KDTR_F90_STAGES 4
+#define KDTR_F90_STAGES 2
+#endif
+#ifndef KDTR_F90_SCHAINS
+#define KDTR_F90_SCHAINS 1
 #endif
 
 constexpr int BM = 64;                          // query rows per CTA (the wgmma M)
 constexpr int BN = KDTR_F90_BN;                 // keys per KV tile (16 or 32)
-constexpr int STAGES = KDTR_F90_STAGES;         // cp.async pipeline depth (>= 3: tiles i, i+1 in use)
+constexpr int STAGES = KDTR_F90_STAGES;         // cp.async pipeline depth: 2 serial, >= 3 overlapped
+constexpr bool OVERLAP = STAGES >= 3;           // S(i+1) issued before the softmax of tile i
+constexpr int SCHAINS = KDTR_F90_SCHAINS;       // independent accumulator chains of S (1 or 2)
 constexpr int NTHREADS = 256;                   // two warpgroups
 constexpr int KSTEPS_WG = KDTR_DK / 16 / 2;     // 18 k-steps of S per warpgroup
 constexpr int SLABS = KDTR_DK / 64;             // 9 slabs of 64 columns (128-byte swizzle rows)
@@ -73,10 +79,10 @@ struct Smem {                                   // byte offsets into dynamic sha
   static constexpr int count = tiles + MAX_TAIL_TILES * 4;         // int
   static constexpr int bytes = count + 16;
 };
-#if KDTR_F90_BN == 16 && KDTR_F90_STAGES == 4
+#if !defined(KDTR_F90_EXPERIMENT)
 static_assert(Smem::bytes <= 99 * 1024, "shared memory per block must stay within sm_120's 99 KB");
 #endif
-static_assert((BN == 16 || BN == 32) && STAGES >= 3, "tiles of 16 or 32 keys, >= 3 stages");
+static_assert((BN == 16 || BN == 32) && STAGES >= 2 && (SCHAINS == 1 || SCHAINS == 2), "unsupported knobs");
 static_assert(STAGE_BYTES % 1024 == 0, "every stage starts on a 128-byte-swizzle atom");
 
 }  // namespace f90
@@ -293,15 +299,31 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
   }
 
   // S partial of tile i (this warpgroup's 288 columns), issued, not waited for: K-major B
+  // (SCHAINS = 2: even and odd k-steps in two accumulators, summed by finish_s)
+  float s_alt[S_REGS];  // unused (and optimised away) with one chain
   auto issue_s = [&](float (&s)[S_REGS], int i) {
     const unsigned tile = kv_base + (i % STAGES) * STAGE_BYTES;
     wgmma_fence();
 #pragma unroll
     for (int ks = 0; ks < KSTEPS_WG; ++ks) {
       const int kstep = wg * KSTEPS_WG + ks;
-      wgmma_s<BN>(s, qf[ks], desc_sw128(tile + (kstep >> 2) * SLAB + (kstep & 3) * 32, 16, 1024), ks > 0);
+      const unsigned long long d = desc_sw128(tile + (kstep >> 2) * SLAB + (kstep & 3) * 32, 16, 1024);
+      if constexpr (SCHAINS == 2) {
+        if (ks & 1) wgmma_s<BN>(s_alt, qf[ks], d, ks > 1);
+        else wgmma_s<BN>(s, qf[ks], d, ks > 0);
+      } else {
+        wgmma_s<BN>(s, qf[ks], d, ks > 0);
+      }
     }
     wgmma_commit();
+  };
+  auto finish_s = [&](float (&s)[S_REGS]) {  // after the wgmma wait
+    reg_fence(s);
+    if constexpr (SCHAINS == 2) {
+      reg_fence(s_alt);
+#pragma unroll
+      for (int e = 0; e < S_REGS; ++e) s[e] += s_alt[e];
+    }
   };
   // full S from the two partials: thread wtid of one warpgroup holds the same (row, key) slots as
   // in the other; the caller guarantees the previous swap was read by everyone ([A])
@@ -322,40 +344,9 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
 #pragma unroll
   for (int e = 0; e < O_REGS; ++e) acc[e] = 0.f;
 
-  // ---- pipeline: tile t is cp.async group t; prologue loads tiles 0..STAGES-2 and computes S(0) ----
-#pragma unroll
-  for (int st = 0; st < STAGES - 1; ++st) {
-    load_tile(locate(st), st);  // a split past a short prefix may have no key at all: zero-filled
-    kdtr::cp_async_commit();
-  }
-  const __nv_bfloat16* src_next = locate(STAGES - 1);
-  float s_cur[S_REGS], s_nxt[S_REGS];
-  if (n_tiles > 0) {
-    kdtr::cp_async_wait<STAGES - 2>();
-    fence_async_smem();
-    __syncthreads();
-    issue_s(s_cur, 0);
-    wgmma_wait<0>();
-    reg_fence(s_cur);
-    swap_s(s_cur);
-  }
-
-  for (int i = 0; i < n_tiles; ++i) {
-    // [A] tile i+1 resident; P V(i-1) done in both warpgroups (its stage is free); swap of S(i) read
-    wgmma_wait<0>();
-    reg_fence(acc);
-    kdtr::cp_async_wait<STAGES - 3>();
-    fence_async_smem();
-    __syncthreads();
-    {
-      const int nx = i + STAGES - 1;  // into the stage of tile i-1
-      if (nx < n_tiles) load_tile(src_next, nx % STAGES);
-      kdtr::cp_async_commit();
-      src_next = locate(nx + 1);
-    }
-    const bool more = i + 1 < n_tiles;
-    if (more) issue_s(s_nxt, i + 1);  // tensor cores: S(i+1) while the softmax of tile i runs
-
+  // ---- the softmax of S(i) (in s_cur), then O += P V(i) issued and left in flight ----
+  float s_cur[S_REGS], s_nxt[S_REGS];  // s_nxt: the overlapped pipeline only
+  auto softmax_pv = [&](int i) {
     // mask + online softmax of S(i) (exp2 domain); element e: n8 block e/4, row half (e/2)%2,
     // column pair e%2
     const int key0 = tile_key0(i);
@@ -431,15 +422,67 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
         wgmma_m64n256k16<1>(acc, pa[kk], desc_sw128(tile + wg * 4 * SLAB + kk * 2048, SLAB, 1024), 1);
       wgmma_commit();
     }
+  };
 
-    // S(i+1) (and P V(i)): wait, then swap the partials
-    wgmma_wait<0>();
-    reg_fence(acc);
-    if (more) {
-      reg_fence(s_nxt);
-      swap_s(s_nxt);
+  // ---- pipeline: tile t is cp.async group t; the prologue loads tiles 0..STAGES-2 ----
 #pragma unroll
-      for (int e = 0; e < S_REGS; ++e) s_cur[e] = s_nxt[e];
+  for (int st = 0; st < STAGES - 1; ++st) {
+    load_tile(locate(st), st);  // a split past a short prefix may have no key at all: zero-filled
+    kdtr::cp_async_commit();
+  }
+  const __nv_bfloat16* src_next = locate(STAGES - 1);
+  auto next_load = [&](int i) {  // at iteration i: tile i+STAGES-1 into the stage of tile i-1
+    const int nx = i + STAGES - 1;
+    if (nx < n_tiles) load_tile(src_next, nx % STAGES);
+    kdtr::cp_async_commit();
+    src_next = locate(nx + 1);
+  };
+
+  if constexpr (!OVERLAP) {
+    // serial: [A] tile i resident, P V(i-1) done by both warpgroups; S(i); swap; softmax; P V(i)
+    for (int i = 0; i < n_tiles; ++i) {
+      wgmma_wait<0>();
+      reg_fence(acc);
+      kdtr::cp_async_wait<STAGES - 2>();
+      fence_async_smem();
+      __syncthreads();  // [A]
+      next_load(i);
+      issue_s(s_cur, i);
+      wgmma_wait<0>();
+      finish_s(s_cur);
+      swap_s(s_cur);
+      softmax_pv(i);
+    }
+  } else {
+    // overlapped: S(i+1) on the tensor cores while the softmax of tile i runs
+    if (n_tiles > 0) {
+      kdtr::cp_async_wait<STAGES - 2>();
+      fence_async_smem();
+      __syncthreads();
+      issue_s(s_cur, 0);
+      wgmma_wait<0>();
+      finish_s(s_cur);
+      swap_s(s_cur);
+    }
+    for (int i = 0; i < n_tiles; ++i) {
+      // [A] tile i+1 resident; P V(i-1) done in both warpgroups (its stage is free); swap of S(i) read
+      wgmma_wait<0>();
+      reg_fence(acc);
+      kdtr::cp_async_wait<STAGES - 3>();
+      fence_async_smem();
+      __syncthreads();
+      next_load(i);
+      const bool more = i + 1 < n_tiles;
+      if (more) issue_s(s_nxt, i + 1);
+      softmax_pv(i);
+      wgmma_wait<0>();  // S(i+1) and P V(i)
+      reg_fence(acc);
+      if (more) {
+        finish_s(s_nxt);
+        swap_s(s_nxt);
+#pragma unroll
+        for (int e = 0; e < S_REGS; ++e) s_cur[e] = s_nxt[e];
+      }
     }
   }
   wgmma_wait<0>();
