@@ -76,14 +76,16 @@ for mode in "${@:-check}"; do
     ablate)  # flash-sm90 with stages left out / deeper pipelines, then one ncu profile of the base kernel
       stage sm90_ablate timeout 400 python3 scripts/sm90_ablate.py
       grep -v Warn "$LOGS/sm90_ablate.log" | tail -n 40 >>"$SUMMARY"
-      [ -n "${KDTR_NCU:-}" ] && stage ncu_sm90 timeout 200 ncu --clock-control none -k regex:flash90 -c 1 --section SpeedOfLight \
-        --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy \
-        python3 -c "from kdtr import bench, kernels; from kdtr.kernels import resolve_kernel
-from kdtr.launch import DeviceProblem; from kdtr.cases import build_problem
-spec = bench.grid(['deepseek-v3'], [8], [256], [32768], [1])[0]
-pr, _ = build_problem(spec, values=False); dp = DeviceProblem(pr, 'bf16'); dp.randomize(0)
-resolve_kernel('flash-sm90').run_on(dp)"
-      grep -E "Duration|Throughput|Pipe|Stall|Warp Cycles|Issued|L2 Hit|L1/TEX Hit|Mem Busy|Max Bandwidth|Eligible|Active Warps|DRAM" "$LOGS/ncu_sm90.log" | head -n 40 >>"$SUMMARY"
+      ;;
+    ncu)  # stall reasons and pipe use of flash-sm90 (one launch) on a compute and a memory shape
+      for shape in "deepseek-v3 8 256 32768 1" "kimi-k2 8 0 32768 32"; do
+        tag=$(echo $shape | cut -d' ' -f1,3 | tr ' ' _)
+        stage ncu_$tag timeout 240 ncu --clock-control none -k regex:flash90 -s 2 -c 1 \
+          --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active.ratio,regex:sm__pipe_tensor.*cycles_active.avg.pct_of_peak_sustained_active,sm__throughput.avg.pct_of_peak_sustained_elapsed,lts__throughput.avg.pct_of_peak_sustained_elapsed,l1tex__throughput.avg.pct_of_peak_sustained_elapsed,smsp__issue_active.avg.pct_of_peak_sustained_active,gpu__time_duration.sum" \
+          python3 scripts/run_once.py flash-sm90 $shape
+        echo "== $tag" >>"$SUMMARY"
+        grep -E "^ +[a-z_]+__" "$LOGS/ncu_$tag.log" | awk '{print $NF, $1}' | sort -rn | head -n 14 >>"$SUMMARY"
+      done
       ;;
     robust)  # crash / trap / hang isolation and compute-sanitizer (tests/test_gpu_isolation.py)
       stage pytest_robust timeout 420 python3 -m pytest -q -rs -s -m gpu -p no:cacheprovider tests/test_gpu_isolation.py

@@ -9,13 +9,7 @@ import sys
 from kdtr import bench, flash, kernels
 from kdtr.timing import measure_peaks
 
-X = "-DKDTR_F90_EXPERIMENT "
-DEFAULT = {
-    "base": "",
-    "bn16-s4-overlap": X + "-DKDTR_F90_BN=16 -DKDTR_F90_STAGES=4",
-    "bn16-s2": X + "-DKDTR_F90_BN=16 -DKDTR_F90_STAGES=2",
-    "bn16-s2-2chains": X + "-DKDTR_F90_BN=16 -DKDTR_F90_STAGES=2 -DKDTR_F90_SCHAINS=2",
-}
+DEFAULT = {"base": ""}
 variants = dict(a.split("=", 1) for a in sys.argv[1:]) or DEFAULT
 impls = [flash.FlashKernel(label, kernels.FLASH90_CAPS, 0, flash.SM90, tuple(o.split())) for label, o in variants.items()]
 specs = bench.grid(["deepseek-v3"], [8], [256], [32768], [1]) + bench.grid(["kimi-k2"], [8], [0], [32768], [32])
