@@ -51,7 +51,7 @@ constexpr int BM = 64;                          // query rows per CTA (the wgmma
 constexpr int BN = 32;                          // keys per KV tile = bits per mask word
 constexpr int STAGES = 2;                       // KV stages (cp.async)
 constexpr int NTHREADS = 384;                   // producer + 2 consumer warpgroups
-constexpr int PRODUCER_REGS = 176, CONSUMER_REGS = 168;  // setmaxnreg: 128 * (176 + 2 * 168) = 64K
+constexpr int PRODUCER_REGS = 184, CONSUMER_REGS = 160;  // setmaxnreg: 184 + 2 * 160 = 3 * 168 (launch)
 constexpr int KSTEPS = KDTR_DK / 16;            // 36 k-steps of S
 constexpr int QREG_KSTEPS = KDTR_DV / 16;       // 32: Q's latent columns in registers; RoPE columns in smem
 constexpr int QROPE_BYTES = BM * 128;           // Q[:, 512:576] as one swizzled slab (8 KB)
@@ -60,22 +60,21 @@ constexpr int SLAB = BN * 128;                  // bytes of one slab of a tile
 constexpr int STAGE_BYTES = SLABS * SLAB;       // 36 864
 constexpr int S_REGS = BM * BN / 128;           // 16 fp32 of S per producer thread
 constexpr int O_REGS = BM * (KDTR_DV / 2) / 128;  // 128 fp32 of O per consumer thread
-constexpr int PS_STRIDE = BN + 8;               // bf16 per row of a P buffer (80 B: conflict-free)
+constexpr int P_BYTES = BM * BN * 2;            // one P buffer: bf16 [64 x 32] in 8 x 16-byte core matrices
 constexpr int MAX_T = 1280;                     // tree nodes supported (tail-tile list size)
 constexpr int MAX_TAIL_TILES = MAX_T / BN;      // 40
 
 // named barriers (0 is __syncthreads, used only before the roles split)
 constexpr int BAR_P_FULL = 1;      // + buffer (2): producer arrives, consumers sync (384)
-constexpr int BAR_P_EMPTY = 3;     // + buffer (2): consumers arrive, producer syncs (384)
-constexpr int BAR_STAGE_FREE = 5;  // + stage (2): consumers arrive, producer syncs (384)
-constexpr int BAR_TILE = 7;        // the producer's copies of a tile landed (128)
-constexpr int BAR_STATS = 8;       // final row statistics written (384)
+constexpr int BAR_STAGE_FREE = 3;  // + stage (2): consumers arrive after P V (tile and P buffer free), producer syncs (384)
+constexpr int BAR_TILE = 5;        // the producer's copies of a tile landed (128)
+constexpr int BAR_STATS = 6;       // final row statistics written (384)
 
 struct Smem {                                   // byte offsets into dynamic shared memory
   static constexpr int kv = 0;                                      // bf16 [STAGES][SLABS][BN][64], swizzled
   static constexpr int qrope = kv + STAGES * STAGE_BYTES;           // bf16 [BM][64], swizzled (after the KV stages)
-  static constexpr int ps = qrope + QROPE_BYTES + 1024;             // bf16 [2][BM][PS_STRIDE]; 1 KB: alignment slack
-  static constexpr int alpha = ps + 2 * BM * PS_STRIDE * 2;         // float [2][BM] rescale of O
+  static constexpr int ps = qrope + QROPE_BYTES;                    // bf16 [2][BM x BN] core matrices
+  static constexpr int alpha = ps + 2 * P_BYTES + 1024;             // float [2][BM] rescale of O; 1 KB: alignment slack
   static constexpr int stats = alpha + 2 * BM * 4;                  // float [BM] final row sum l
   static constexpr int live = stats + BM * 4;                       // int [MAX_TAIL_TILES] 0/1
   static constexpr int tiles = live + MAX_TAIL_TILES * 4;           // int [MAX_TAIL_TILES] live tail tiles
@@ -100,9 +99,13 @@ namespace f90 {
 // Shared-memory matrix descriptor, 128-byte swizzle: start address, LBO and SBO in bytes (PTX ISA,
 // "Matrix Descriptor Format"; 16-byte units). K-major: SBO = 8-row group stride (LBO unused);
 // MN-major: LBO = stride between 64-wide column blocks, SBO = 8-row (K) group stride.
-__device__ __forceinline__ unsigned long long desc_sw128(unsigned addr, unsigned lbo, unsigned sbo) {
+// No swizzle (P): core matrices of 8 rows x 16 bytes; LBO = stride along K, SBO = along M.
+__device__ __forceinline__ unsigned long long desc_make(unsigned addr, unsigned lbo, unsigned sbo, bool sw128) {
   return (unsigned long long)((addr >> 4) & 0x3FFFu) | ((unsigned long long)((lbo >> 4) & 0x3FFFu) << 16) |
-         ((unsigned long long)((sbo >> 4) & 0x3FFFu) << 32) | (1ull << 62);
+         ((unsigned long long)((sbo >> 4) & 0x3FFFu) << 32) | (sw128 ? 1ull << 62 : 0ull);
+}
+__device__ __forceinline__ unsigned long long desc_sw128(unsigned addr, unsigned lbo, unsigned sbo) {
+  return desc_make(addr, lbo, sbo, true);
 }
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
@@ -140,9 +143,8 @@ __device__ __forceinline__ float ex2(float x) {
   return y;
 }
 
-__device__ __forceinline__ void ldsm_x4(unsigned (&r)[4], unsigned addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+__device__ __forceinline__ void st_shared_u32(unsigned addr, unsigned v) {
+  asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
 }
 
 // D[64 x 32] (+)= A[64 x 16] (registers) * B[16 x 32] (shared, descriptor); TRANS_B: B is MN-major.
@@ -158,11 +160,10 @@ __device__ __forceinline__ void wgmma_m64n32k16(float (&d)[16], const unsigned (
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(accumulate), "n"(TRANS_B));
 }
 
-// D[64 x 256] (+)= A[64 x 16] (registers) * B[16 x 256] (shared, descriptor); TRANS_B: B is MN-major.
-template <int TRANS_B>
-__device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], const unsigned (&a)[4], unsigned long long desc, int accumulate) {
+// D[64 x 256] (+)= A[64 x 16] (shared, K-major descriptor) * B[16 x 256] (shared descriptor, MN-major).
+__device__ __forceinline__ void wgmma_ss_m64n256k16(float (&d)[128], unsigned long long desc_a, unsigned long long desc_b, int accumulate) {
   asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
       "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
       "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
@@ -172,7 +173,7 @@ __device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], const unsigned
       "%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,"
       "%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,"
       "%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127}, "
-      "{%128,%129,%130,%131}, %132, p, 1, 1, %134;\n}\n"
+      "%128, %129, p, 1, 1, 0, 1;\n}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
         "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
         "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
@@ -189,7 +190,7 @@ __device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], const unsigned
         "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
         "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
         "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(accumulate), "n"(TRANS_B));
+      : "l"(desc_a), "l"(desc_b), "r"(accumulate));
 }
 
 // D[64 x 32] (+)= A[64 x 16] (shared, K-major descriptor) * B[16 x 32] (shared, K-major descriptor).
@@ -219,7 +220,6 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
   int* live = reinterpret_cast<int*>(smem + Smem::live);
   int* tail_tiles = reinterpret_cast<int*>(smem + Smem::tiles);
   int* n_tail_s = reinterpret_cast<int*>(smem + Smem::count);
-  __nv_bfloat16* ps = reinterpret_cast<__nv_bfloat16*>(smem + Smem::ps);
   float* alpha_s = reinterpret_cast<float*>(smem + Smem::alpha);
   float* stats = reinterpret_cast<float*>(smem + Smem::stats);
 
@@ -408,19 +408,21 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
 #pragma unroll
       for (int h = 0; h < 2; ++h) l_run[h] = l_run[h] * alpha[h] + psum[h];
 
-      // hand P(i) and alpha(i) to the consumers (buffer i%2, free once they read P(i-2))
-      if (i >= 2) bar_sync(BAR_P_EMPTY + buf, NTHREADS);
+      // hand P(i) and alpha(i) to the consumers: buffer i%2 was last read by P V(i-2), which the
+      // stage-free sync of iteration i-1 waited for. P in core matrices: row r, key k at
+      // ((r / 8) * 4 + k / 8) * 128 + (r % 8) * 16 + (k % 8) * 2 (a K-major wgmma A operand).
       {
-        __nv_bfloat16* pb = ps + buf * BM * PS_STRIDE;
+        const unsigned pb = kv_base + STAGES * STAGE_BYTES + QROPE_BYTES + buf * P_BYTES;
 #pragma unroll
         for (int e = 0; e < S_REGS; e += 2) {
-          const int row = ww * 16 + g + 8 * ((e >> 1) & 1), col = (e >> 2) * 8 + 2 * tq;
-          *reinterpret_cast<unsigned*>(pb + row * PS_STRIDE + col) = pack_bf16(s[e], s[e + 1]);
+          const int row = ww * 16 + g + 8 * ((e >> 1) & 1), j = e >> 2;
+          st_shared_u32(pb + ((row >> 3) * 4 + j) * 128 + (row & 7) * 16 + tq * 4, pack_bf16(s[e], s[e + 1]));
         }
         if (tq == 0) {
           alpha_s[buf * BM + ww * 16 + g] = alpha[0];
           alpha_s[buf * BM + ww * 16 + g + 8] = alpha[1];
         }
+        fence_async_smem();  // P is read by the consumers' wgmma (async proxy)
       }
       bar_arrive(BAR_P_FULL + buf, NTHREADS);
     }
@@ -452,24 +454,20 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
     for (int i = 0; i < n_tiles; ++i) {
       const int buf = i & 1;
       bar_sync(BAR_P_FULL + buf, NTHREADS);
-      // P(i) as A fragments (ldmatrix from the row-major buffer) and this thread's two alphas
-      unsigned pa[BN / 16][4];
-      const __nv_bfloat16* pb = ps + buf * BM * PS_STRIDE;
-#pragma unroll
-      for (int kk = 0; kk < BN / 16; ++kk)
-        ldsm_x4(pa[kk], kdtr::smem_addr(pb + (ww * 16 + (lane & 15)) * PS_STRIDE + kk * 16 + (lane >> 4) * 8));
       const float a0 = alpha_s[buf * BM + ww * 16 + g], a1 = alpha_s[buf * BM + ww * 16 + g + 8];
-      if (i + 2 < n_tiles) bar_arrive(BAR_P_EMPTY + buf, NTHREADS);
       if (__any_sync(0xffffffffu, a0 != 1.f || a1 != 1.f)) {  // the max rarely moves late
 #pragma unroll
         for (int e = 0; e < O_REGS; ++e) acc[e] *= (e & 2) ? a1 : a0;
       }
-      // V(i) MN-major: LBO = slab stride (64 columns), SBO = 8 keys
+      // P(i) K-major (no swizzle: LBO = 128 along keys, SBO = 512 along rows); V(i) MN-major
+      // (LBO = slab stride, 64 columns; SBO = 8 keys)
       const unsigned tile = kv_base + buf * STAGE_BYTES;
+      const unsigned pb = kv_base + STAGES * STAGE_BYTES + QROPE_BYTES + buf * P_BYTES;
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < BN / 16; ++kk)
-        wgmma_m64n256k16<1>(acc, pa[kk], desc_sw128(tile + c * 4 * SLAB + kk * 2048, SLAB, 1024), 1);
+        wgmma_ss_m64n256k16(acc, desc_make(pb + kk * 256, 128, 512, false),
+                            desc_sw128(tile + c * 4 * SLAB + kk * 2048, SLAB, 1024), 1);
       wgmma_commit();
       wgmma_wait<0>();
       reg_fence(acc);
