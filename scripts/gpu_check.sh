@@ -75,6 +75,16 @@ for mode in "${@:-check}"; do
       stage pytest_sm90 timeout 90 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_verify.py -k sm90
       tail -n 4 "$LOGS/pytest_sm90.log" >>"$SUMMARY"
       ;;
+    final)  # flash-sm90: the long suite, then the compute and memory sets against torch eager
+      OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 stage gen_long timeout 100 $KDTR gen --suite long -j 14 --out "$KDTR_CACHE_DIR/suites/long"
+      stage verify_sm90_long timeout 60 $KDTR verify -k flash-sm90 long --json "$LOGS/verify_sm90_long.json"
+      tail -n 2 "$LOGS/verify_sm90_long.log" >>"$SUMMARY"
+      for set in compute memory; do
+        stage bench_f_$set timeout 80 $KDTR bench -k flash-sm90 --baselines eager --set $set --no-check --json "$LOGS/bench_f_$set.json"
+        cp "$LOGS/bench_f_$set.json" "$OUT/" 2>/dev/null
+      done
+      python3 scripts/bench_summary.py "$LOGS"/bench_f_*.json >>"$SUMMARY"
+      ;;
     ablate)  # flash-sm90 with stages left out / deeper pipelines, then one ncu profile of the base kernel
       stage sm90_ablate timeout 400 python3 scripts/sm90_ablate.py
       grep -v Warn "$LOGS/sm90_ablate.log" | tail -n 40 >>"$SUMMARY"
