@@ -3,7 +3,7 @@
 // What is in it
 //   kdtr_flash90_verify<OutT, BUG>   one CTA = 64 query rows of one request (rows r = node*H + head)
 //                                    x one KV split of that request; 3 warpgroups, 384 threads.
-//   kdtr_flash_combine<OutT>         the split merge shared with flash_verify.cu (flash_combine.cuh).
+//   kdtr_flash_combine<OutT>         the split merge shared with flash_verify.cu (flash_split.cuh).
 //
 // Design (SPEC sections 1, 3, 5; the same operator, split plan and workspace as flash_verify.cu)
 //   * wgmma.mma_async (m64nNk16, bf16 in, fp32 accumulate): the tensor cores read the KV tile
@@ -40,7 +40,7 @@
 
 #include "kdtr_abi.h"
 #include "kdtr_common.cuh"
-#include "flash_combine.cuh"
+#include "flash_split.cuh"
 
 // ---------------------------------------------------------------------------------------------
 // constants
@@ -233,13 +233,9 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
   const unsigned* mask_b = p.tree_mask + (long long)b * T * W;
 
   // ---- this CTA's keys: prefix range [kp_lo, kp_hi) of its split, plus the tail if last ----
-  const int split_len = max(BN, ((P + nsplit - 1) / nsplit + BN - 1) / BN * BN);
-  const int kp_lo = min(P, split * split_len);
-  int kp_hi = min(P, kp_lo + split_len);
-  if (BUG == KDTR_BUG_DROP_PARTIAL_TILE) kp_hi = max(kp_lo, min(kp_hi, P / KDTR_BUG_TILE * KDTR_BUG_TILE));
-  if (BUG == KDTR_BUG_DROP_PREFIX_KEY && P > 0 && kp_hi == P) kp_hi = max(kp_lo, P - 1);
-  const int n_pre = (kp_hi - kp_lo + BN - 1) / BN;
-  const bool has_tail = split == nsplit - 1;
+  const kdtr::SplitKeys keys = kdtr::split_keys<BN, BUG>(P, split, nsplit);
+  const int kp_lo = keys.lo, kp_hi = keys.hi, n_pre = keys.n_pre;
+  const bool has_tail = keys.has_tail;
 
   // ---- live tail tiles: mask word w (nodes 32w..32w+31) some row of this CTA sees ----
   if (tid < MAX_TAIL_TILES) live[tid] = 0;
@@ -248,8 +244,7 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
     const int t_lo = r0 / H, t_hi = (min(R, r0 + BM) - 1) / H;
     for (int idx = tid; idx < (t_hi - t_lo + 1) * W; idx += NTHREADS) {
       const int t = t_lo + idx / W, w = idx % W;
-      unsigned word = mask_b[(long long)t * W + w];
-      if (BUG == KDTR_BUG_SIBLING_VISIBLE && t >= 1 && (t - 1) / 32 == w) word |= 1u << ((t - 1) % 32);
+      const unsigned word = kdtr::planted_mask_word<BUG>(mask_b[(long long)t * W + w], t, w);
       if (word) live[w] = 1;
     }
   }
@@ -365,8 +360,7 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
           unsigned x = 0u;
           if (srow0 + 8 * h < R) {
             const int t = (srow0 + 8 * h) / H;
-            x = mask_b[(long long)t * W + w];
-            if (BUG == KDTR_BUG_SIBLING_VISIBLE && t >= 1 && (t - 1) / 32 == w) x |= 1u << ((t - 1) % 32);
+            x = kdtr::planted_mask_word<BUG>(mask_b[(long long)t * W + w], t, w);
             if (T - w * 32 < 32) x &= (1u << (T - w * 32)) - 1u;  // nodes past T are never visible
           }
 #pragma unroll

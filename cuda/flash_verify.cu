@@ -35,7 +35,7 @@
 
 #include "kdtr_abi.h"
 #include "kdtr_common.cuh"
-#include "flash_combine.cuh"
+#include "flash_split.cuh"
 
 // ---------------------------------------------------------------------------------------------
 // constants
@@ -159,13 +159,9 @@ __global__ void __launch_bounds__(flash::Tile<MT>::NTHREADS, 1) kdtr_flash_verif
   const unsigned* mask_b = p.tree_mask + (long long)b * T * W;
 
   // ---- this CTA's keys: prefix range [kp_lo, kp_hi) of its split, plus the tail if last ----
-  const int split_len = max(BN, ((P + nsplit - 1) / nsplit + BN - 1) / BN * BN);
-  const int kp_lo = min(P, split * split_len);
-  int kp_hi = min(P, kp_lo + split_len);
-  if (BUG == KDTR_BUG_DROP_PARTIAL_TILE) kp_hi = max(kp_lo, min(kp_hi, P / KDTR_BUG_TILE * KDTR_BUG_TILE));
-  if (BUG == KDTR_BUG_DROP_PREFIX_KEY && P > 0 && kp_hi == P) kp_hi = max(kp_lo, P - 1);
-  const int n_pre = (kp_hi - kp_lo + BN - 1) / BN;
-  const bool has_tail = split == nsplit - 1;
+  const kdtr::SplitKeys keys = kdtr::split_keys<BN, BUG>(P, split, nsplit);
+  const int kp_lo = keys.lo, kp_hi = keys.hi, n_pre = keys.n_pre;
+  const bool has_tail = keys.has_tail;
 
   // ---- live tail tiles: a 16-node tile some row of this tile sees (rows only see c <= t) ----
   if (tid < LIVE_WORDS) live[tid] = 0;
@@ -174,8 +170,7 @@ __global__ void __launch_bounds__(flash::Tile<MT>::NTHREADS, 1) kdtr_flash_verif
     const int t_lo = r0 / H, t_hi = (min(R, r0 + BM) - 1) / H;
     for (int idx = tid; idx < (t_hi - t_lo + 1) * W; idx += NTHREADS) {
       const int t = t_lo + idx / W, w = idx % W;
-      unsigned word = mask_b[(long long)t * W + w];
-      if (BUG == KDTR_BUG_SIBLING_VISIBLE && t >= 1 && (t - 1) / 32 == w) word |= 1u << ((t - 1) % 32);
+      const unsigned word = kdtr::planted_mask_word<BUG>(mask_b[(long long)t * W + w], t, w);
       if (word & 0xFFFFu) atomicOr(&live[(2 * w) >> 5], 1u << ((2 * w) & 31));
       if (word >> 16) atomicOr(&live[(2 * w + 1) >> 5], 1u << ((2 * w + 1) & 31));
     }

@@ -158,8 +158,9 @@ def verify(bundles, kernel_spec, repeat, json_file, atol, rtol, rel_norm, jobs, 
 
 
 @main.group(invoke_without_command=True)
-@click.option("-k", "--kernel", "kernels", multiple=True, default=("flash",), show_default=True,
-              help="Kernel(s) to time: built-in name, file.cu:symbol or module:callable (repeatable).")
+@click.option("-k", "--kernel", "kernels", multiple=True, default=("flash", "flash-sm90"), show_default=True,
+              help="Kernel(s) to time: built-in name, file.cu:symbol or module:callable (repeatable); "
+                   "flash-sm90 is skipped off sm_90.")
 @click.option("--baselines", default="eager,sdpa,flex", show_default=True,
               help="Torch baselines side by side (comma list of eager, sdpa, flex; 'none' for none).")
 @click.option("--set", "sets", multiple=True, help="Named shape set(s): compute, memory.")

@@ -14,11 +14,12 @@ import sys
 def main(argv: list[str]) -> int:
     from kdtr import commands, report
     from kdtr.kernels import builtin_names
-    from kdtr.launch import gpu_available, gpu_unavailable_reason
+    from kdtr.launch import device_arch, gpu_available, gpu_unavailable_reason
 
     target = argv[0] if argv else "smoke"
     if gpu_available():
-        kernels = [k for k in ("naive", "flash") if k in builtin_names()]
+        hopper = ("flash-sm90",) if device_arch() == "sm_90" else ()  # it SKIPs (so fails) elsewhere
+        kernels = [k for k in ("naive", "flash", *hopper) if k in builtin_names()]
     else:
         report.note(f"[bold yellow]No GPU found[/] ({report.escape(gpu_unavailable_reason())}): running [bold]emulate-flash[/], "
                     "the CPU emulation of the bf16 flash kernel, instead of the CUDA kernels.")

@@ -1,7 +1,7 @@
 """The flash kernels' launch plan and their two-launch run.
 
 Two kernels share the operator, the split plan, the workspace and the combine
-(cuda/flash_combine.cuh): ``flash`` (cuda/flash_verify.cu, mma.sync: sm_80, sm_90, sm_120) and
+(cuda/flash_split.cuh): ``flash`` (cuda/flash_verify.cu, mma.sync: sm_80, sm_90, sm_120) and
 ``flash-sm90`` (cuda/flash_sm90.cu, wgmma: sm_90a only). Each is a FlashVariant below.
 
 The plan is pure arithmetic on the shape and the SM count (testable without a GPU): the row
@@ -28,7 +28,7 @@ class FlashVariant:
     """One flash kernel: its source, templates and the config array it exports."""
 
     source: Path
-    """The .cu file (includes cuda/flash_combine.cuh)."""
+    """The .cu file (includes cuda/flash_split.cuh)."""
     main: str
     """Name expression of the main kernel; {mt}, {out} and {bug} are filled in."""
     config_symbol: str

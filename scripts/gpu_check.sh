@@ -4,10 +4,14 @@
 #   bash scripts/gpu_check.sh [check|long|bench|all]...   (default: check)
 #
 #   check : GPU pytest (naive kernel grid, built-ins on ci with --repeat 3, every planted bug)
-#           + `kdtr verify` tables for naive and flash on ci
-#   long  : generate the long suite (CPU reference, -j 8) and verify naive + flash on it
+#           + `kdtr verify` tables for naive, flash and flash-sm90 on ci
+#   long  : generate the long suite (CPU reference, -j 8) and verify naive + flash + flash-sm90 on it
 #   bench : peaks + the compute and memory shape sets with torch baselines (JSON, CSV, plot)
 #   quick : flash + naive timings on a few shapes, no baselines
+#   sm90  : flash-sm90 block errors (stops there on failure), ci verify, bugs, timing against flash
+#   final : flash-sm90 on the long suite, then the compute and memory sets against torch eager
+#   ncu   : stall reasons and pipe use of one flash-sm90 launch (compute and memory shape)
+#   sanitize, robust, devices, mtcmp, mtmem: see each case below
 #
 # Results go to $OUT (default ./out/gpu): summary.txt, logs.tgz (every log and verify JSON) and the
 # bench JSON/CSV/PNG (the device tool brings back at most 8 files). A short summary is printed last.
@@ -42,12 +46,14 @@ for mode in "${@:-check}"; do
       tail -n 4 "$LOGS/pytest_gpu.log" >>"$SUMMARY"
       stage verify_naive_ci $KDTR verify -k naive ci --repeat 3 --json "$LOGS/verify_naive_ci.json"
       stage verify_flash_ci $KDTR verify -k flash ci --repeat 3 --json "$LOGS/verify_flash_ci.json"
-      tail -n 1 "$LOGS/verify_naive_ci.log" "$LOGS/verify_flash_ci.log" >>"$SUMMARY"
+      stage verify_sm90_ci $KDTR verify -k flash-sm90 ci --repeat 3 --json "$LOGS/verify_sm90_ci.json"
+      tail -n 1 "$LOGS/verify_naive_ci.log" "$LOGS/verify_flash_ci.log" "$LOGS/verify_sm90_ci.log" >>"$SUMMARY"
       ;;
     long)
       OMP_NUM_THREADS=2 OPENBLAS_NUM_THREADS=2 stage gen_long $KDTR gen --suite long -j 8 --out "$KDTR_CACHE_DIR/suites/long"
       stage verify_naive_long $KDTR verify -k naive long --json "$LOGS/verify_naive_long.json"
       stage verify_flash_long $KDTR verify -k flash long --repeat 3 --json "$LOGS/verify_flash_long.json"
+      stage verify_sm90_long $KDTR verify -k flash-sm90 long --repeat 3 --json "$LOGS/verify_sm90_long.json"
       python3 scripts/verify_summary.py "$LOGS"/verify_*_long.json >>"$SUMMARY"
       ;;
     quick)
@@ -85,10 +91,6 @@ for mode in "${@:-check}"; do
       done
       python3 scripts/bench_summary.py "$LOGS"/bench_f_*.json >>"$SUMMARY"
       ;;
-    ablate)  # flash-sm90 with stages left out / deeper pipelines, then one ncu profile of the base kernel
-      stage sm90_ablate timeout 400 python3 scripts/sm90_ablate.py
-      grep -v Warn "$LOGS/sm90_ablate.log" | tail -n 40 >>"$SUMMARY"
-      ;;
     ncu)  # stall reasons and pipe use of flash-sm90 (one launch) on a compute and a memory shape
       for shape in "deepseek-v3 8 256 32768 1" "kimi-k2 8 0 32768 32"; do
         tag=$(echo $shape | cut -d' ' -f1,3 | tr ' ' _)
@@ -104,7 +106,7 @@ for mode in "${@:-check}"; do
       tail -n 30 "$LOGS/pytest_robust.log" >>"$SUMMARY"
       ;;
     sanitize)  # built-in kernels under memcheck and racecheck on the whole ci suite, 4 runs at once
-      for k in naive flash; do
+      for k in naive flash flash-sm90; do
         for tool in memcheck racecheck; do
           (timeout 200 $KDTR verify -k $k ci --sanitize $tool --json "$LOGS/san_${k}_$tool.json" \
              >"$LOGS/san_${k}_$tool.log" 2>&1; echo "$k $tool rc=$?" >>"$LOGS/san_rc.txt") &

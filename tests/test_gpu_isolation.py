@@ -19,7 +19,7 @@ from click.testing import CliRunner
 
 from kdtr import isolate
 from kdtr.cli import main
-from kdtr.launch import gpu_available
+from kdtr.launch import device_arch, gpu_available
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU and cupy")]
 needs_sanitizer = pytest.mark.skipif(isolate.find_sanitizer() is None,
@@ -88,8 +88,10 @@ def sanitizer_works():
 @needs_sanitizer
 @pytest.mark.usefixtures("sanitizer_works")
 @pytest.mark.parametrize("tool", ["memcheck", "racecheck"])
-@pytest.mark.parametrize("kernel", ["naive", "flash"])
+@pytest.mark.parametrize("kernel", ["naive", "flash", "flash-sm90"])
 def test_builtin_kernels_are_clean_under_the_sanitizer(tmp_path, kernel, tool):
+    if kernel == "flash-sm90" and device_arch() != "sm_90":
+        pytest.skip(f"flash-sm90 needs an sm_90 GPU; this one is {device_arch()}")
     code, rep, out = verify(tmp_path, "-k", kernel, "--sanitize", tool, *SANITIZE_BUNDLES)
     assert code == 0 and rep["counts"] == {"PASS": len(SANITIZE_BUNDLES)}, (describe(rep), out)
 

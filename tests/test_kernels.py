@@ -198,3 +198,18 @@ def test_flash_caps_max_t_matches_the_kernel_source(base):
     variant, caps = kernels.FLASH_VARIANTS[base]
     m = re.search(r"constexpr int MAX_T = (\d+);", variant.source.read_text())
     assert m and int(m.group(1)) == caps.max_T
+
+
+@pytest.mark.parametrize("base", sorted(kernels.FLASH_VARIANTS))
+def test_flash_config_array_matches_the_launcher(base):
+    """The launcher reads the kernel's config array by field name: same length, and for the
+    fixed-tile Hopper kernel the row tile it plans with (16 * mt) is the kernel's BM."""
+    import re
+
+    variant, _ = kernels.FLASH_VARIANTS[base]
+    text = variant.source.read_text()
+    m = re.search(rf'extern "C" __constant__ int {variant.config_symbol}\[(\d+)\]', text)
+    assert m and int(m.group(1)) == len(variant.config_fields)
+    if len(variant.mts) == 1:
+        bm = re.search(r"constexpr int BM = (\d+);", text)
+        assert bm and int(bm.group(1)) == 16 * variant.mts[0]

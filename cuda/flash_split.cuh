@@ -1,4 +1,6 @@
-// flash_combine.cuh -- the split-KV merge shared by the flash kernels (flash_verify.cu, flash_sm90.cu).
+// flash_split.cuh -- the split-KV plan shared by the flash kernels (flash_verify.cu, flash_sm90.cu):
+// which keys each split walks, the planted bugs that live in that plan, and the merge of the
+// splits' partial results.
 //
 // Workspace layout written by the main kernels when num_splits > 1 (kdtr/flash.py sizes it):
 //   fp32 partial out [B, splits, R, 512], then fp32 partial lse [B, splits, R] (natural log,
@@ -11,6 +13,38 @@
 
 #include "kdtr_abi.h"
 #include "kdtr_common.cuh"
+
+namespace kdtr {
+
+// The keys split `split` of `nsplit` walks for a request with prefix P: the prefix range [lo, hi)
+// (equal BN-aligned ranges), n_pre tiles of BN keys over it, and the tree tail when it is the last
+// split. The planted DROP_* bugs shorten the range here.
+struct SplitKeys {
+  int lo, hi, n_pre;
+  bool has_tail;
+};
+
+template <int BN, int BUG>
+__device__ __forceinline__ SplitKeys split_keys(int P, int split, int nsplit) {
+  const int split_len = max(BN, ((P + nsplit - 1) / nsplit + BN - 1) / BN * BN);
+  SplitKeys k;
+  k.lo = min(P, split * split_len);
+  k.hi = min(P, k.lo + split_len);
+  if (BUG == KDTR_BUG_DROP_PARTIAL_TILE) k.hi = max(k.lo, min(k.hi, P / KDTR_BUG_TILE * KDTR_BUG_TILE));
+  if (BUG == KDTR_BUG_DROP_PREFIX_KEY && P > 0 && k.hi == P) k.hi = max(k.lo, P - 1);
+  k.n_pre = (k.hi - k.lo + BN - 1) / BN;
+  k.has_tail = split == nsplit - 1;
+  return k;
+}
+
+// Mask word w of node t as a kernel with planted bug BUG reads it (SIBLING_VISIBLE adds node t-1).
+template <int BUG>
+__device__ __forceinline__ unsigned planted_mask_word(unsigned word, int t, int w) {
+  if (BUG == KDTR_BUG_SIBLING_VISIBLE && t >= 1 && (t - 1) / 32 == w) word |= 1u << ((t - 1) % 32);
+  return word;
+}
+
+}  // namespace kdtr
 
 constexpr int COMBINE_WARPS = 8;  // warps of the combine kernel (one CTA per row)
 
