@@ -28,13 +28,15 @@
 //   * Registers: the producer keeps Q's 512 latent columns as A fragments (128 registers); its 64
 //     RoPE columns sit in shared memory as one more swizzled slab (the last 4 k-steps of S read
 //     both operands from shared memory).
-//   Shared memory: 2 x 36 864 (KV) + 8 KB (Q RoPE) + 1 KB alignment + 2 x 5 KB (P) + row factors = ~94 KB,
+//   Shared memory: 2 x 36 864 (KV) + 8 KB (Q RoPE) + 2 x 4 KB (P) + 1 KB alignment + row factors = 92 240 B,
 //   within sm_120's 99 KB like every kdtr kernel (static_assert), though only sm_90a has wgmma.
 //
 // How to run
 //   kdtr verify -k flash-sm90 ci     correctness on the committed goldens (needs an sm_90 GPU)
 //   kdtr bench  -k flash-sm90 --model deepseek-v3 --tp 8 --budget 64,256 --prefix 8k,32k
 //   Compiled for sm_90a only (kdtr.kernels.compile_targets); the launch plan is kdtr/flash.py's.
+//   Experiment knob (NVRTC -D, with -DKDTR_F90_EXPERIMENT to lift the 99 KB assert): KDTR_F90_STAGES=3
+//   (129 KB: the producer's loads one more tile ahead; docs/PERF.md's next step, not yet measured).
 
 #include <cuda_bf16.h>
 
@@ -49,7 +51,10 @@ namespace f90 {
 
 constexpr int BM = 64;                          // query rows per CTA (the wgmma M)
 constexpr int BN = 32;                          // keys per KV tile = bits per mask word
-constexpr int STAGES = 2;                       // KV stages (cp.async)
+#ifndef KDTR_F90_STAGES
+#define KDTR_F90_STAGES 2
+#endif
+constexpr int STAGES = KDTR_F90_STAGES;         // KV stages (cp.async); 3+ only above 99 KB (experiment)
 constexpr int NTHREADS = 384;                   // producer + 2 consumer warpgroups
 constexpr int PRODUCER_REGS = 184, CONSUMER_REGS = 160;  // setmaxnreg: 184 + 2 * 160 = 3 * 168 (launch)
 constexpr int KSTEPS = KDTR_DK / 16;            // 36 k-steps of S
@@ -65,23 +70,26 @@ constexpr int MAX_T = 1280;                     // tree nodes supported (tail-ti
 constexpr int MAX_TAIL_TILES = MAX_T / BN;      // 40
 
 // named barriers (0 is __syncthreads, used only before the roles split)
-constexpr int BAR_P_FULL = 1;      // + buffer (2): producer arrives, consumers sync (384)
-constexpr int BAR_STAGE_FREE = 3;  // + stage (2): consumers arrive after P V (tile and P buffer free), producer syncs (384)
-constexpr int BAR_TILE = 5;        // the producer's copies of a tile landed (128)
-constexpr int BAR_STATS = 6;       // final row statistics written (384)
+constexpr int BAR_P_FULL = 1;                      // + stage: P of the stage's tile written; producer arrives, consumers sync (384)
+constexpr int BAR_STAGE_FREE = BAR_P_FULL + STAGES;  // + stage: consumers arrive after P V (KV stage and P buffer free), producer syncs (384)
+constexpr int BAR_TILE = BAR_STAGE_FREE + STAGES;  // the producer's copies of a tile landed (128)
+constexpr int BAR_STATS = BAR_TILE + 1;            // final row statistics written (384)
 
 struct Smem {                                   // byte offsets into dynamic shared memory
   static constexpr int kv = 0;                                      // bf16 [STAGES][SLABS][BN][64], swizzled
   static constexpr int qrope = kv + STAGES * STAGE_BYTES;           // bf16 [BM][64], swizzled (after the KV stages)
-  static constexpr int ps = qrope + QROPE_BYTES;                    // bf16 [2][BM x BN] core matrices
-  static constexpr int alpha = ps + 2 * P_BYTES + 1024;             // float [2][BM] rescale of O; 1 KB: alignment slack
-  static constexpr int stats = alpha + 2 * BM * 4;                  // float [BM] final row sum l
+  static constexpr int ps = qrope + QROPE_BYTES;                    // bf16 [STAGES][BM x BN] core matrices (P per stage)
+  static constexpr int alpha = ps + STAGES * P_BYTES + 1024;        // float [STAGES][BM] rescale of O; 1 KB: alignment slack
+  static constexpr int stats = alpha + STAGES * BM * 4;             // float [BM] final row sum l
   static constexpr int live = stats + BM * 4;                       // int [MAX_TAIL_TILES] 0/1
   static constexpr int tiles = live + MAX_TAIL_TILES * 4;           // int [MAX_TAIL_TILES] live tail tiles
   static constexpr int count = tiles + MAX_TAIL_TILES * 4;          // int
   static constexpr int bytes = count + 16;
 };
+#if !defined(KDTR_F90_EXPERIMENT)
 static_assert(Smem::bytes <= 99 * 1024, "shared memory per block must stay within sm_120's 99 KB");
+#endif
+static_assert(STAGES >= 2 && BAR_STATS < 16, "2+ stages, within the 16 named barriers");
 static_assert(STAGE_BYTES % 1024 == 0, "every stage starts on a 128-byte-swizzle atom");
 static_assert(128 * (PRODUCER_REGS + 2 * CONSUMER_REGS) <= 65536, "one CTA per SM's register file");
 
@@ -321,18 +329,22 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
     const float sc = p.scale * LOG2E * (BUG == KDTR_BUG_SCALE_OFF ? 1.01f : 1.0f);
     float m_run[2] = {kdtr::neg_inf(), kdtr::neg_inf()}, l_run[2] = {0.f, 0.f};  // l: this thread's columns
 
-    if (n_tiles > 0) load_tile(0);
-    kdtr::cp_async_commit();
+    // tile t is cp.async group t: the prologue loads tiles 0..STAGES-2, iteration i tile i+STAGES-1
+#pragma unroll
+    for (int t = 0; t < STAGES - 1; ++t) {
+      if (t < n_tiles) load_tile(t);
+      kdtr::cp_async_commit();
+    }
     for (int i = 0; i < n_tiles; ++i) {
-      const int buf = i & 1;
-      kdtr::cp_async_wait<0>();  // tile i (issued during iteration i-1)
+      const int stage = i % STAGES;  // KV stage and P buffer of tile i
+      kdtr::cp_async_wait<STAGES - 2>();  // tile i
       fence_async_smem();
       bar_sync(BAR_TILE, 128);
 
       // S(i) = Q K^T on the tensor cores; K-major B: k-step ks at slab ks/4, 32 bytes per step
       float s[S_REGS];
       {
-        const unsigned tile = kv_base + buf * STAGE_BYTES;
+        const unsigned tile = kv_base + stage * STAGE_BYTES;
         wgmma_fence();
 #pragma unroll
         for (int ks = 0; ks < KSTEPS; ++ks) {
@@ -342,10 +354,10 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
         }
         wgmma_commit();
       }
-      // meanwhile: once the consumers are done with tile i-1, load tile i+1 into its stage
-      if (i + 1 < n_tiles) {
-        if (i + 1 >= STAGES) bar_sync(BAR_STAGE_FREE + ((i + 1) & 1), NTHREADS);
-        load_tile(i + 1);
+      // meanwhile: once the consumers are done with tile i-1, load tile i+STAGES-1 into its stage
+      if (i + STAGES - 1 < n_tiles) {
+        if (i >= 1) bar_sync(BAR_STAGE_FREE + (i + STAGES - 1) % STAGES, NTHREADS);
+        load_tile(i + STAGES - 1);
       }
       kdtr::cp_async_commit();
       wgmma_wait<0>();
@@ -402,23 +414,23 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
 #pragma unroll
       for (int h = 0; h < 2; ++h) l_run[h] = l_run[h] * alpha[h] + psum[h];
 
-      // hand P(i) and alpha(i) to the consumers: buffer i%2 was last read by P V(i-2), which the
-      // stage-free sync of iteration i-1 waited for. P in core matrices: row r, key k at
+      // hand P(i) and alpha(i) to the consumers: the buffer of tile i's stage was last read by
+      // P V(i-STAGES), which the stage-free sync before loading tile i waited for. P in core matrices: row r, key k at
       // ((r / 8) * 4 + k / 8) * 128 + (r % 8) * 16 + (k % 8) * 2 (a K-major wgmma A operand).
       {
-        const unsigned pb = kv_base + STAGES * STAGE_BYTES + QROPE_BYTES + buf * P_BYTES;
+        const unsigned pb = kv_base + STAGES * STAGE_BYTES + QROPE_BYTES + stage * P_BYTES;
 #pragma unroll
         for (int e = 0; e < S_REGS; e += 2) {
           const int row = ww * 16 + g + 8 * ((e >> 1) & 1), j = e >> 2;
           st_shared_u32(pb + ((row >> 3) * 4 + j) * 128 + (row & 7) * 16 + tq * 4, pack_bf16(s[e], s[e + 1]));
         }
         if (tq == 0) {
-          alpha_s[buf * BM + ww * 16 + g] = alpha[0];
-          alpha_s[buf * BM + ww * 16 + g + 8] = alpha[1];
+          alpha_s[stage * BM + ww * 16 + g] = alpha[0];
+          alpha_s[stage * BM + ww * 16 + g + 8] = alpha[1];
         }
         fence_async_smem();  // P is read by the consumers' wgmma (async proxy)
       }
-      bar_arrive(BAR_P_FULL + buf, NTHREADS);
+      bar_arrive(BAR_P_FULL + stage, NTHREADS);
     }
     kdtr::cp_async_wait<0>();
 
@@ -446,17 +458,17 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
     for (int e = 0; e < O_REGS; ++e) acc[e] = 0.f;
 
     for (int i = 0; i < n_tiles; ++i) {
-      const int buf = i & 1;
-      bar_sync(BAR_P_FULL + buf, NTHREADS);
-      const float a0 = alpha_s[buf * BM + ww * 16 + g], a1 = alpha_s[buf * BM + ww * 16 + g + 8];
+      const int stage = i % STAGES;  // KV stage and P buffer of tile i
+      bar_sync(BAR_P_FULL + stage, NTHREADS);
+      const float a0 = alpha_s[stage * BM + ww * 16 + g], a1 = alpha_s[stage * BM + ww * 16 + g + 8];
       if (__any_sync(0xffffffffu, a0 != 1.f || a1 != 1.f)) {  // the max rarely moves late
 #pragma unroll
         for (int e = 0; e < O_REGS; ++e) acc[e] *= (e & 2) ? a1 : a0;
       }
       // P(i) K-major (no swizzle: LBO = 128 along keys, SBO = 512 along rows); V(i) MN-major
       // (LBO = slab stride, 64 columns; SBO = 8 keys)
-      const unsigned tile = kv_base + buf * STAGE_BYTES;
-      const unsigned pb = kv_base + STAGES * STAGE_BYTES + QROPE_BYTES + buf * P_BYTES;
+      const unsigned tile = kv_base + stage * STAGE_BYTES;
+      const unsigned pb = kv_base + STAGES * STAGE_BYTES + QROPE_BYTES + stage * P_BYTES;
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < BN / 16; ++kk)
@@ -465,7 +477,7 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
       wgmma_commit();
       wgmma_wait<0>();
       reg_fence(acc);
-      if (i + STAGES < n_tiles) bar_arrive(BAR_STAGE_FREE + buf, NTHREADS);
+      if (i + STAGES < n_tiles) bar_arrive(BAR_STAGE_FREE + stage, NTHREADS);
     }
 
     // ---- epilogue: out (one split) or fp32 partials (several) ----
