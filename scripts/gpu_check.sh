@@ -10,6 +10,7 @@
 #   quick : flash + naive timings on a few shapes, no baselines
 #   sm90  : flash-sm90 block errors (stops there on failure), ci verify, bugs, timing against flash
 #   final : flash-sm90 on the long suite, then the compute and memory sets against torch eager
+#   ablate: flash-sm90 experiment knobs (KDTR_F90_STAGES=3): block errors, then timings
 #   ncu   : stall reasons and pipe use of one flash-sm90 launch (compute and memory shape)
 #   sanitize, robust, devices, mtcmp, mtmem: see each case below
 #
@@ -90,6 +91,15 @@ for mode in "${@:-check}"; do
         cp "$LOGS/bench_f_$set.json" "$OUT/" 2>/dev/null
       done
       python3 scripts/bench_summary.py "$LOGS"/bench_f_*.json >>"$SUMMARY"
+      ;;
+    ablate)  # flash-sm90 built with its -D knobs (scripts/sm90_ablate.py), after a correctness check of each
+      if ! stage sm90_debug_knobs timeout 90 python3 scripts/sm90_debug.py flash-sm90 \
+          stages3="-DKDTR_F90_STAGES=3 -DKDTR_F90_EXPERIMENT"; then
+        grep -v Warn "$LOGS/sm90_debug_knobs.log" | tail -n 30 >>"$SUMMARY"; note "sm90_debug failed: stopping"; break
+      fi
+      grep "out rel" "$LOGS/sm90_debug_knobs.log" >>"$SUMMARY"
+      stage sm90_ablate timeout 300 python3 scripts/sm90_ablate.py
+      grep -v Warn "$LOGS/sm90_ablate.log" | tail -n 20 >>"$SUMMARY"
       ;;
     ncu)  # stall reasons and pipe use of flash-sm90 (one launch) on a compute and a memory shape
       for shape in "deepseek-v3 8 256 32768 1" "kimi-k2 8 0 32768 32"; do
