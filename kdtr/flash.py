@@ -19,7 +19,6 @@ from pathlib import Path
 from kdtr.bugs import Bug
 from kdtr.nvrtc import CUDA_DIR
 
-CUDA = CUDA_DIR
 COMBINE = "kdtr_flash_combine<{out}>"
 
 
@@ -45,12 +44,12 @@ class FlashVariant:
 
 
 MMA = FlashVariant(
-    CUDA / "flash_verify.cu", "kdtr_flash_verify<{mt}, {out}, {bug}>", "kdtr_flash_config",
+    CUDA_DIR / "flash_verify.cu", "kdtr_flash_verify<{mt}, {out}, {bug}>", "kdtr_flash_config",
     ("BN", "STAGES", "MAX_T", "SMEM_MT1", "SMEM_MT2", "SMEM_MT4", "THREADS_MT1", "THREADS_MT2", "THREADS_MT4",
      "COMBINE_THREADS"),
     (1, 2, 4))
 SM90 = FlashVariant(
-    CUDA / "flash_sm90.cu", "kdtr_flash90_verify<{out}, {bug}>", "kdtr_flash90_config",
+    CUDA_DIR / "flash_sm90.cu", "kdtr_flash90_verify<{out}, {bug}>", "kdtr_flash90_config",
     ("BN", "STAGES", "MAX_T", "SMEM_MT4", "THREADS_MT4", "COMBINE_THREADS"), (4,), "sm_90a")
 
 NS_PER_KEY = 50.0
