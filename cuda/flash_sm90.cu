@@ -248,14 +248,10 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
   // ---- live tail tiles: mask word w (nodes 32w..32w+31) some row of this CTA sees ----
   if (tid < MAX_TAIL_TILES) live[tid] = 0;
   __syncthreads();
-  if (has_tail) {
-    const int t_lo = r0 / H, t_hi = (min(R, r0 + BM) - 1) / H;
-    for (int idx = tid; idx < (t_hi - t_lo + 1) * W; idx += NTHREADS) {
-      const int t = t_lo + idx / W, w = idx % W;
-      const unsigned word = kdtr::planted_mask_word<BUG>(mask_b[(long long)t * W + w], t, w);
+  if (has_tail)
+    kdtr::for_each_tail_word<BM, NTHREADS, BUG>(mask_b, r0, R, H, W, tid, [&](unsigned word, int w) {
       if (word) live[w] = 1;
-    }
-  }
+    });
   __syncthreads();
   if (tid == 0) {
     int n = 0;

@@ -44,6 +44,19 @@ __device__ __forceinline__ unsigned planted_mask_word(unsigned word, int t, int 
   return word;
 }
 
+// Calls mark(word, w) for every mask word w of every tree node that rows [r0, min(R, r0 + BM))
+// of a request belong to (row r is node r / H), as a kernel with planted bug BUG reads them; the
+// NTHREADS threads of the CTA share the words. Kernels mark the tail tiles a word makes live.
+template <int BM, int NTHREADS, int BUG, typename Mark>
+__device__ __forceinline__ void for_each_tail_word(const unsigned* mask_b, int r0, int R, int H, int W, int tid,
+                                                   Mark mark) {
+  const int t_lo = r0 / H, t_hi = (min(R, r0 + BM) - 1) / H;
+  for (int idx = tid; idx < (t_hi - t_lo + 1) * W; idx += NTHREADS) {
+    const int t = t_lo + idx / W, w = idx % W;
+    mark(planted_mask_word<BUG>(mask_b[(long long)t * W + w], t, w), w);
+  }
+}
+
 }  // namespace kdtr
 
 constexpr int COMBINE_WARPS = 8;  // warps of the combine kernel (one CTA per row)

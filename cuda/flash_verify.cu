@@ -166,15 +166,11 @@ __global__ void __launch_bounds__(flash::Tile<MT>::NTHREADS, 1) kdtr_flash_verif
   // ---- live tail tiles: a 16-node tile some row of this tile sees (rows only see c <= t) ----
   if (tid < LIVE_WORDS) live[tid] = 0;
   __syncthreads();
-  if (has_tail) {
-    const int t_lo = r0 / H, t_hi = (min(R, r0 + BM) - 1) / H;
-    for (int idx = tid; idx < (t_hi - t_lo + 1) * W; idx += NTHREADS) {
-      const int t = t_lo + idx / W, w = idx % W;
-      const unsigned word = kdtr::planted_mask_word<BUG>(mask_b[(long long)t * W + w], t, w);
+  if (has_tail)
+    kdtr::for_each_tail_word<BM, NTHREADS, BUG>(mask_b, r0, R, H, W, tid, [&](unsigned word, int w) {
       if (word & 0xFFFFu) atomicOr(&live[(2 * w) >> 5], 1u << ((2 * w) & 31));
       if (word >> 16) atomicOr(&live[(2 * w + 1) >> 5], 1u << ((2 * w + 1) & 31));
-    }
-  }
+    });
   __syncthreads();
   if (tid == 0) {
     int n = 0;
