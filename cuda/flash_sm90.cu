@@ -10,21 +10,25 @@
 //     straight from shared memory for both products, which mma.sync cannot do at this width (its
 //     B fragments go through the register file; docs/PERF.md).
 //   * Warp specialisation. Warpgroup 0, the producer, holds all of Q in registers (wgmma A
-//     fragments), loads the KV tiles, computes S = Q K^T, runs the masked online
-//     softmax and hands P (bf16) and the rescale factors to the consumers through shared memory.
-//     Warpgroups 1 and 2, the consumers, each own half of O[64 x 512] (128 fp32 registers) and
-//     compute O += P V. S of tile i+1 runs on the tensor cores while the consumers' P V of tile i
-//     does, and the softmax runs on the CUDA cores meanwhile. setmaxnreg gives the producer 176
-//     registers and the consumers 168 each (the 64K register file of one SM).
+//     fragments), computes S = Q K^T, runs the masked online softmax and hands P (bf16) and the
+//     rescale factors to the consumers through shared memory; it issues nothing else, because
+//     instruction issue was its limit (ncu source counters, docs/PERF.md s5). Warpgroups 1 and 2,
+//     the consumers, each own half of O[64 x 512] (128 fp32 registers), compute O += P V and copy
+//     the KV tiles: S of tile i+1 runs on the tensor cores while the consumers' P V of tile i does.
+//     setmaxnreg gives the producer 184 registers and the consumers 160 each (3 x 168 at launch).
 //   * KV tiles of BN = 32 keys x 576 come in through cp.async, 2 stages of 36 KB, in the wgmma
 //     128-byte-swizzle layout: 9 slabs of 64 columns, key k's 128-byte row of a slab at k * 128
 //     with its 16-byte chunks XOR-ed by k % 8. A quarter warp copies one such row (whole lines
 //     from global memory, conflict-free stores). The same bytes are the K-major B of S = Q K^T and
-//     the MN-major B of O = P V: only the descriptors differ.
+//     the MN-major B of O = P V: only the descriptors differ. A stage is refilled once both
+//     consumers' P V of its tile is done (each consumer copies columns the other reads).
 //   * Tree tail in the same pass: only tail tiles some row of the CTA sees are loaded; each row's
 //     mask word decides visibility. Full prefix tiles skip the mask arithmetic.
-//   * Hand-offs are named barriers (bar.arrive / bar.sync): P full / P empty per P buffer, stage
-//     free per KV stage, the producer's own "tile landed", and the final row statistics.
+//   * Hand-offs are named barriers: "P full" per stage (all 384 threads sync), "tile landed" per
+//     stage (consumers arrive after their copies land, the producer syncs; it also tells the
+//     producer the stage's P buffer is free), "consumers done" (256) and the final statistics.
+//     compute-sanitizer racecheck reports the alpha hand-off although it is ordered (a minimal
+//     kernel with the same protocol is reported too: scripts/racecheck_probe.py flash).
 //   * Registers: the producer keeps Q's 512 latent columns as A fragments (128 registers); its 64
 //     RoPE columns sit in shared memory as one more swizzled slab (the last 4 k-steps of S read
 //     both operands from shared memory).
@@ -36,7 +40,7 @@
 //   kdtr bench  -k flash-sm90 --model deepseek-v3 --tp 8 --budget 64,256 --prefix 8k,32k
 //   Compiled for sm_90a only (kdtr.kernels.compile_targets); the launch plan is kdtr/flash.py's.
 //   Experiment knob (NVRTC -D, with -DKDTR_F90_EXPERIMENT to lift the 99 KB assert): KDTR_F90_STAGES=3
-//   (129 KB: the producer's loads one more tile ahead; docs/PERF.md's next step, not yet measured).
+//   or 4 (129 / 166 KB: copies one or two more tiles ahead; measured: no gain, docs/PERF.md).
 
 #include <cuda_bf16.h>
 
@@ -70,10 +74,10 @@ constexpr int MAX_T = 1280;                     // tree nodes supported (tail-ti
 constexpr int MAX_TAIL_TILES = MAX_T / BN;      // 40
 
 // named barriers (0 is __syncthreads, used only before the roles split)
-constexpr int BAR_P_FULL = 1;                      // + stage: P of the stage's tile written; producer arrives, consumers sync (384)
-constexpr int BAR_STAGE_FREE = BAR_P_FULL + STAGES;  // + stage: consumers arrive after P V (KV stage and P buffer free), producer syncs (384)
-constexpr int BAR_TILE = BAR_STAGE_FREE + STAGES;  // the producer's copies of a tile landed (128)
-constexpr int BAR_STATS = BAR_TILE + 1;            // final row statistics written (384)
+constexpr int BAR_P_FULL = 1;                 // + stage: P of the stage's tile written; all 384 sync
+constexpr int BAR_TILE = BAR_P_FULL + STAGES;   // + stage: the consumers' copies of the stage's tile landed; they arrive, producer syncs
+constexpr int BAR_STATS = BAR_TILE + STAGES;    // final row statistics written (384)
+constexpr int BAR_CONS = BAR_STATS + 1;         // both consumers' P V of a tile done: its stage may be refilled (256)
 
 struct Smem {                                   // byte offsets into dynamic shared memory
   static constexpr int kv = 0;                                      // bf16 [STAGES][SLABS][BN][64], swizzled
@@ -89,7 +93,8 @@ struct Smem {                                   // byte offsets into dynamic sha
 #if !defined(KDTR_F90_EXPERIMENT)
 static_assert(Smem::bytes <= 99 * 1024, "shared memory per block must stay within sm_120's 99 KB");
 #endif
-static_assert(STAGES >= 2 && BAR_STATS < 16, "2+ stages, within the 16 named barriers");
+static_assert(STAGES >= 2 && BAR_CONS < 16, "2+ stages, within the 16 named barriers");
+static_assert(NTHREADS - 128 == BN * 8, "tile copies: one consumer thread per (key, 16-byte chunk) of a 128-byte row");
 static_assert(STAGE_BYTES % 1024 == 0, "every stage starts on a 128-byte-swizzle atom");
 static_assert(128 * (PRODUCER_REGS + 2 * CONSUMER_REGS) <= 65536, "one CTA per SM's register file");
 
@@ -269,30 +274,8 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
   float* ws_lse = ws_o + (long long)p.B * nsplit * R * KDTR_DV;
 
   if (wg == 0) {
-    // =========================== producer: loads, S = Q K^T, softmax ===========================
+    // =========================== producer: S = Q K^T, softmax ===========================
     set_max_regs_inc<PRODUCER_REGS>();
-    const __nv_bfloat16* kv = static_cast<const __nv_bfloat16*>(p.kv_cache);
-
-    // loads: a quarter warp copies one (key, slab) row of 128 bytes; thread: keys ld_key, +16
-    const int ld_key = wtid >> 3, ld_chunk = wtid & 7;
-    auto locate = [&](int i, int key) -> const __nv_bfloat16* {  // row of `key` of tile i, or nullptr
-      const int j = tile_key0(i) + key;
-      if (j >= (i < n_pre ? kp_hi : P + T)) return nullptr;  // past the range: zero-filled
-      const int page_index = min((BUG == KDTR_BUG_PAGE_OFF_BY_ONE ? j + 1 : j) / p.page_size, p.max_pages - 1);
-      return kv + kdtr::kv_row_offset(p, b, page_index, j % p.page_size);
-    };
-    auto load_tile = [&](int i) {
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int key = ld_key + 16 * half;
-        const __nv_bfloat16* src = locate(i, key);
-        const bool valid = src != nullptr;
-        const unsigned dst = kv_base + (i % STAGES) * STAGE_BYTES + key * 128 + ((ld_chunk ^ (key & 7)) * 16);
-#pragma unroll
-        for (int sl = 0; sl < SLABS; ++sl)
-          kdtr::cp_async16(dst + sl * SLAB, valid ? src + sl * 64 + ld_chunk * 8 : kv, valid);
-      }
-    };
 
     // Q's latent columns as wgmma A fragments: rows ww*16 + g (+8), k-steps 0..31
     const __nv_bfloat16* qb = static_cast<const __nv_bfloat16*>(p.q) + (long long)b * R * KDTR_DK;
@@ -325,37 +308,27 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
     const float sc = p.scale * LOG2E * (BUG == KDTR_BUG_SCALE_OFF ? 1.01f : 1.0f);
     float m_run[2] = {kdtr::neg_inf(), kdtr::neg_inf()}, l_run[2] = {0.f, 0.f};  // l: this thread's columns
 
-    // tile t is cp.async group t: the prologue loads tiles 0..STAGES-2, iteration i tile i+STAGES-1
-#pragma unroll
-    for (int t = 0; t < STAGES - 1; ++t) {
-      if (t < n_tiles) load_tile(t);
-      kdtr::cp_async_commit();
-    }
+    // descriptors: one per operand base; a k-step adds its byte offset / 16 (addresses < 256 KB: no carry)
+    const unsigned long long dq = desc_sw128(qrope, 16, 1024);
     for (int i = 0; i < n_tiles; ++i) {
       const int stage = i % STAGES;  // KV stage and P buffer of tile i
-      kdtr::cp_async_wait<STAGES - 2>();  // tile i
-      fence_async_smem();
-      bar_sync(BAR_TILE, 128);
+      // tile i landed (the consumers copied it once their P V of tile i-STAGES was done, so the P
+      // buffer and alpha of this stage are free too)
+      bar_sync(BAR_TILE + stage, NTHREADS);
 
       // S(i) = Q K^T on the tensor cores; K-major B: k-step ks at slab ks/4, 32 bytes per step
       float s[S_REGS];
       {
-        const unsigned tile = kv_base + stage * STAGE_BYTES;
+        const unsigned long long dk = desc_sw128(kv_base + stage * STAGE_BYTES, 16, 1024);
         wgmma_fence();
 #pragma unroll
         for (int ks = 0; ks < KSTEPS; ++ks) {
-          const unsigned long long d = desc_sw128(tile + (ks >> 2) * SLAB + (ks & 3) * 32, 16, 1024);
+          const unsigned long long d = dk + (((ks >> 2) * SLAB + (ks & 3) * 32) >> 4);
           if (ks < QREG_KSTEPS) wgmma_m64n32k16<0>(s, qf[ks], d, ks > 0);
-          else wgmma_ss_m64n32k16(s, desc_sw128(qrope + (ks - QREG_KSTEPS) * 32, 16, 1024), d, 1);
+          else wgmma_ss_m64n32k16(s, dq + (((ks - QREG_KSTEPS) * 32) >> 4), d, 1);
         }
         wgmma_commit();
       }
-      // meanwhile: once the consumers are done with tile i-1, load tile i+STAGES-1 into its stage
-      if (i + STAGES - 1 < n_tiles) {
-        if (i >= 1) bar_sync(BAR_STAGE_FREE + (i + STAGES - 1) % STAGES, NTHREADS);
-        load_tile(i + STAGES - 1);
-      }
-      kdtr::cp_async_commit();
       wgmma_wait<0>();
       reg_fence(s);
 
@@ -411,7 +384,7 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
       for (int h = 0; h < 2; ++h) l_run[h] = l_run[h] * alpha[h] + psum[h];
 
       // hand P(i) and alpha(i) to the consumers: the buffer of tile i's stage was last read by
-      // P V(i-STAGES), which the stage-free sync before loading tile i waited for. P in core matrices: row r, key k at
+      // P V(i-STAGES), done before tile i was copied (the tile barrier above). P in core matrices: row r, key k at
       // ((r / 8) * 4 + k / 8) * 128 + (r % 8) * 16 + (k % 8) * 2 (a K-major wgmma A operand).
       {
         const unsigned pb = kv_base + STAGES * STAGE_BYTES + QROPE_BYTES + stage * P_BYTES;
@@ -426,9 +399,8 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
         }
         fence_async_smem();  // P is read by the consumers' wgmma (async proxy)
       }
-      bar_arrive(BAR_P_FULL + stage, NTHREADS);
+      bar_sync(BAR_P_FULL + stage, NTHREADS);  // measured faster than arriving (docs/PERF.md, s5)
     }
-    kdtr::cp_async_wait<0>();
 
     // final row statistics: l to the consumers, lse written here
 #pragma unroll
@@ -446,9 +418,44 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
     }
     bar_arrive(BAR_STATS, NTHREADS);
   } else {
-    // =========================== consumers: O[:, c*256..+256] += P V ===========================
+    // ================= consumers: tile copies, O[:, c*256..+256] += P V =================
     set_max_regs_dec<CONSUMER_REGS>();
     const int c = wg - 1;  // which half of O
+
+    // Tile copies by the consumers (the producer only computes). Thread ct = tid - 128 copies key
+    // ct / 8's 16-byte chunk ct % 8 of all 9 slabs: a quarter warp reads one whole 128-byte line of
+    // a key row, the stores land XOR-swizzled (conflict-free). A stage is refilled only after both
+    // consumers' P V of its tile (a 256-thread barrier), since each copies columns the other reads.
+    const int ld_key = (tid - 128) >> 3, ld_chunk = tid & 7;
+    const __nv_bfloat16* kv = static_cast<const __nv_bfloat16*>(p.kv_cache);
+    const bool page_pow2 = (p.page_size & (p.page_size - 1)) == 0;  // 1 and 64: shifts, not divisions
+    const int page_shift = __ffs(p.page_size) - 1;
+    auto locate = [&](int i) -> const __nv_bfloat16* {  // this thread's chunk of its key row of tile i; nullptr past the range
+      const int j = tile_key0(i) + ld_key;
+      if (j >= (i < n_pre ? kp_hi : P + T)) return nullptr;
+      const int jp = BUG == KDTR_BUG_PAGE_OFF_BY_ONE ? j + 1 : j;
+      const int page_index = min(page_pow2 ? jp >> page_shift : jp / p.page_size, p.max_pages - 1);
+      const int in_page = page_pow2 ? j & (p.page_size - 1) : j % p.page_size;
+      return kv + kdtr::kv_row_offset(p, b, page_index, in_page) + ld_chunk * 8;
+    };
+    auto copy_tile = [&](int i, const __nv_bfloat16* row) {  // zero-fills a key past the range
+      const unsigned dst = kv_base + (i % STAGES) * STAGE_BYTES + ld_key * 128 + ((ld_chunk ^ (ld_key & 7)) * 16);
+#pragma unroll
+      for (int sl = 0; sl < SLABS; ++sl) kdtr::cp_async16(dst + sl * SLAB, row ? row + sl * 64 : kv, row != nullptr);
+    };
+    auto load_tile = [&](int i) { copy_tile(i, locate(i)); };
+    // tile t is cp.async group t: tiles 0..STAGES-1 now, tile i+STAGES once P V(i) is done
+#pragma unroll
+    for (int t = 0; t < STAGES; ++t) {
+      if (t < n_tiles) load_tile(t);
+      kdtr::cp_async_commit();
+    }
+    if (n_tiles > 0) {
+      kdtr::cp_async_wait<STAGES - 1>();  // tile 0
+      fence_async_smem();                 // cp.async writes (generic proxy) before wgmma reads (async proxy)
+      bar_arrive(BAR_TILE, NTHREADS);
+    }
+
     float acc[O_REGS];
 #pragma unroll
     for (int e = 0; e < O_REGS; ++e) acc[e] = 0.f;
@@ -471,9 +478,18 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
         wgmma_ss_m64n256k16(acc, desc_make(pb + kk * 256, 128, 512, false),
                             desc_sw128(tile + c * 4 * SLAB + kk * 2048, SLAB, 1024), 1);
       wgmma_commit();
+      if (i + 1 < n_tiles) {  // while P V(i) runs: tile i+1 (copied STAGES-1 tiles ago) landed
+        kdtr::cp_async_wait<STAGES - 2>();
+        fence_async_smem();
+        bar_arrive(BAR_TILE + (i + 1) % STAGES, NTHREADS);
+      }
       wgmma_wait<0>();
       reg_fence(acc);
-      if (i + STAGES < n_tiles) bar_arrive(BAR_STAGE_FREE + stage, NTHREADS);
+      if (i + STAGES < n_tiles) {  // refill tile i's stage once both consumers' P V(i) is done
+        bar_sync(BAR_CONS, 256);
+        load_tile(i + STAGES);
+      }
+      kdtr::cp_async_commit();
     }
 
     // ---- epilogue: out (one split) or fp32 partials (several) ----

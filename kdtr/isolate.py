@@ -43,6 +43,7 @@ from pathlib import Path
 
 from kdtr.bundle import load_bundle
 from kdtr.compare import Status
+from kdtr.nvrtc import LINEINFO_ENV
 from kdtr.verify import CaseResult, InputError, new_result
 
 TOOLS = ("memcheck", "racecheck", "initcheck", "synccheck")
@@ -115,7 +116,8 @@ def run_case(kernel, spec: str, path, repeat: int = 1, overrides: dict | None = 
         job, result, log = (os.path.join(tmp, n) for n in ("job.json", "result.json", "child.log"))
         Path(job).write_text(json.dumps({"kernel": spec, "bundle": os.path.abspath(path), "result": result,
                                          "repeat": 1 if sanitizer else repeat, "overrides": overrides or {}}))
-        rc = _run([*(sanitizer or []), sys.executable, "-m", "kdtr.isolate", job], log, timeout)
+        env = {LINEINFO_ENV: "1"} if sanitizer else {}  # sanitizer reports then name .cu lines
+        rc = _run([*(sanitizer or []), sys.executable, "-m", "kdtr.isolate", job], log, timeout, env)
         try:
             payload = json.loads(Path(result).read_text())
         except (OSError, ValueError):
@@ -124,9 +126,9 @@ def run_case(kernel, spec: str, path, repeat: int = 1, overrides: dict | None = 
     return _judge(res, payload, rc, timeout, text, bool(sanitizer))
 
 
-def _run(cmd: list[str], log_path: str, timeout: float) -> int | None:
+def _run(cmd: list[str], log_path: str, timeout: float, extra_env: dict | None = None) -> int | None:
     """Run cmd in its own session with output to log_path; its exit status, None when killed for time."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p or os.getcwd() for p in sys.path))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p or os.getcwd() for p in sys.path), **(extra_env or {}))
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
                                 start_new_session=True)
@@ -176,14 +178,14 @@ def _judge(res: CaseResult, payload: dict, rc: int | None, timeout: float, log: 
     return res
 
 
-def findings(log: str, n: int = 5) -> str:
+def findings(log: str, n: int = 6) -> str:
     """The first ``n`` lines of compute-sanitizer's report (no banner, host frames) plus its summary."""
     skip = ("COMPUTE-SANITIZER", "Saved host backtrace", "Host Frame", "ERROR SUMMARY: 0 errors")
     lines = [" ".join(ln[9:].split()) for ln in log.splitlines() if ln.startswith("=========")]
     lines = [ln for ln in lines if ln and not ln.startswith(skip)]
     summary = next((ln for ln in reversed(lines) if "SUMMARY" in ln), "")
     body = [ln for ln in lines if "SUMMARY" not in ln][:n]
-    return " | ".join(body + ([summary] if summary else []))[:600]
+    return " | ".join(body + ([summary] if summary else []))[:1000]
 
 
 # ---- child side ---------------------------------------------------------------------------------

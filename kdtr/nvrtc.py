@@ -20,6 +20,8 @@ from dataclasses import asdict, dataclass
 from functools import lru_cache
 from pathlib import Path
 
+LINEINFO_ENV = "KDTR_LINEINFO"
+"""Set to 1 to compile every kernel with -lineinfo (kdtr verify --sanitize does, so reports name source lines)."""
 CUDA_DIR = Path(os.environ.get("KDTR_CUDA_DIR", Path(__file__).resolve().parent.parent / "cuda"))
 """kdtr's CUDA sources and headers (kdtr_abi.h, kdtr_common.cuh, the built-in kernels)."""
 DEFAULT_OPTIONS = ("-std=c++17",)
@@ -263,7 +265,7 @@ def compile_cuda(
     inc_dirs = [Path(d).resolve() for d in include_dirs] + [CUDA_DIR.resolve(), cuda_include_dir()]
     opts = [*DEFAULT_OPTIONS, f"--gpu-architecture={arch}", "--ptxas-options=-v", *options]
     opts += [f"-D{k}" if v is None else f"-D{k}={v}" for k, v in sorted((defines or {}).items())]
-    opts += ["-lineinfo"] if lineinfo else []
+    opts += ["-lineinfo"] if lineinfo or os.environ.get(LINEINFO_ENV) == "1" else []
     opts += [f"-I{d}" for d in inc_dirs]
 
     includes = _included_texts(source_text, inc_dirs, {})

@@ -94,12 +94,12 @@ for mode in "${@:-check}"; do
       ;;
     ablate)  # flash-sm90 built with its -D knobs (scripts/sm90_ablate.py), after a correctness check of each
       if ! stage sm90_debug_knobs timeout 90 python3 scripts/sm90_debug.py flash-sm90 \
-          stages3="-DKDTR_F90_STAGES=3 -DKDTR_F90_EXPERIMENT"; then
+          stages3="-DKDTR_F90_STAGES=3 -DKDTR_F90_EXPERIMENT" stages4="-DKDTR_F90_STAGES=4 -DKDTR_F90_EXPERIMENT"; then
         grep -v Warn "$LOGS/sm90_debug_knobs.log" | tail -n 30 >>"$SUMMARY"; note "sm90_debug failed: stopping"; break
       fi
-      grep "out rel" "$LOGS/sm90_debug_knobs.log" >>"$SUMMARY"
+      grep "out rel" "$LOGS/sm90_debug_knobs.log" | sed -E 's/^([^ =]+)[^:]*: out rel ([0-9.e+-]+).*/\1 \2/' | tr '\n' ' ' >>"$SUMMARY"
       stage sm90_ablate timeout 300 python3 scripts/sm90_ablate.py
-      grep -v Warn "$LOGS/sm90_ablate.log" | tail -n 20 >>"$SUMMARY"
+      grep -v Warn "$LOGS/sm90_ablate.log" | tail -n 45 >>"$SUMMARY"
       ;;
     ncu)  # stall reasons and pipe use of flash-sm90 (one launch) on a compute and a memory shape
       for shape in "deepseek-v3 8 256 32768 1" "kimi-k2 8 0 32768 32"; do
@@ -111,12 +111,33 @@ for mode in "${@:-check}"; do
         grep -E "^ +[a-z_]+__" "$LOGS/ncu_$tag.log" | awk '{print $NF, $1}' | sort -rn | head -n 14 >>"$SUMMARY"
       done
       ;;
+    probe)  # does racecheck understand named-barrier hand-offs? then flash-sm90 under racecheck, with source lines
+      san=$(python3 -c "from kdtr.isolate import find_sanitizer as f; print(f() or 'compute-sanitizer')")
+      for m in none sync arrive pingpong flash; do
+        timeout 60 "$san" --tool racecheck python3 scripts/racecheck_probe.py $m >"$LOGS/probe_$m.log" 2>&1
+        note "probe $m: $(grep -E 'RACECHECK SUMMARY|out\[' "$LOGS/probe_$m.log" | tr '\n' ' ')"
+      done
+      stage san_sm90_racecheck timeout 120 $KDTR verify -k flash-sm90 ci --sanitize racecheck --json "$LOGS/san_sm90_rc.json"
+      python3 -c "import json,sys; r=json.load(open(sys.argv[1]))['results']; print('\n'.join(sorted({x['message'][:900] for x in r if x['status']=='SANITIZER'})))" \
+        "$LOGS/san_sm90_rc.json" >>"$SUMMARY"
+      ;;
+    ncusrc)  # per-SASS-instruction stall samples of one flash-sm90 launch (compute shape, memory shape)
+      for shape in "deepseek-v3 8 256 32768 1" "kimi-k2 8 4 32768 32"; do
+        tag=$(echo $shape | cut -d' ' -f1,3 | tr ' ' _)
+        stage ncusrc_$tag timeout 200 ncu --clock-control none -k regex:flash90 -s 2 -c 1 --section SourceCounters \
+          --section WarpStateStats --section SpeedOfLight -f -o "$LOGS/ncu_$tag" python3 scripts/run_once.py flash-sm90 $shape
+        ncu -i "$LOGS/ncu_$tag.ncu-rep" --page source --csv --print-source sass >"$OUT/ncusrc_$tag.csv" 2>"$LOGS/ncusrc_$tag.err" \
+          || note "ncu --page source failed: $(head -c 300 "$LOGS/ncusrc_$tag.err")"
+        ncu -i "$LOGS/ncu_$tag.ncu-rep" --page details --csv >"$LOGS/ncu_details_$tag.csv" 2>&1
+        note "$tag: $(wc -l <"$OUT/ncusrc_$tag.csv") source rows"
+      done
+      ;;
     robust)  # crash / trap / hang isolation and compute-sanitizer (tests/test_gpu_isolation.py)
       stage pytest_robust timeout 420 python3 -m pytest -q -rs -s -m gpu -p no:cacheprovider tests/test_gpu_isolation.py
       tail -n 30 "$LOGS/pytest_robust.log" >>"$SUMMARY"
       ;;
-    sanitize)  # built-in kernels under memcheck and racecheck on the whole ci suite, 4 runs at once
-      for k in naive flash flash-sm90; do
+    sanitize)  # built-in kernels ($SAN_KERNELS, default all three) under memcheck and racecheck on the ci suite, at once
+      for k in ${SAN_KERNELS:-naive flash flash-sm90}; do
         for tool in memcheck racecheck; do
           (timeout 200 $KDTR verify -k $k ci --sanitize $tool --json "$LOGS/san_${k}_$tool.json" \
              >"$LOGS/san_${k}_$tool.log" 2>&1; echo "$k $tool rc=$?" >>"$LOGS/san_rc.txt") &

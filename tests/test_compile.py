@@ -133,3 +133,13 @@ def test_missing_nvrtc_names_the_pip_package(monkeypatch):
             nvrtc.compile_cuda("__global__ void k() {}", ["k"], cache=False)
     finally:
         nvrtc._load.cache_clear()
+
+
+@pytest.mark.skipif(not nvrtc.available(), reason="NVRTC not installed (kdtr[nvrtc])")
+@pytest.mark.parametrize("env", ["", "1"])
+def test_lineinfo_env_adds_line_tables(monkeypatch, env):
+    """KDTR_LINEINFO=1 (set for sanitized children) compiles with -lineinfo; unset, it does not."""
+    monkeypatch.setenv(nvrtc.LINEINFO_ENV, env)
+    c = nvrtc.compile_cuda('extern "C" __global__ void k(float* x) { x[threadIdx.x] += 1.f; }', ["k"], "sm_90",
+                           cache=False)
+    assert ("-lineinfo" in c.options) == (env == "1")

@@ -150,6 +150,7 @@ FAKE_SANITIZER = """#!/bin/sh
 # A stand-in for compute-sanitizer: records its options, runs the target, and with
 # FAKE_FINDING set reports one finding and exits with the --error-exitcode value.
 echo "$@" >> "$FAKE_ARGS"
+echo "lineinfo=$KDTR_LINEINFO" >> "$FAKE_ARGS.env"
 while [ "${1#--}" != "$1" ]; do shift 2; done
 echo "========= COMPUTE-SANITIZER"
 "$@"
@@ -179,6 +180,8 @@ def test_sanitize_runs_each_child_under_the_sanitizer(tmp_path, bundles, monkeyp
     code, by_t, rep = verify(tmp_path, "-k", K + "correct", "--sanitize", "memcheck", "--repeat", "3", *bundles)
     calls = (tmp_path / "args.txt").read_text().splitlines()
     assert len(calls) == 2 and all(c.startswith("--tool memcheck --error-exitcode 99") for c in calls)
+    # sanitized children compile with -lineinfo, so a report names .cu lines
+    assert (tmp_path / "args.txt.env").read_text().splitlines() == ["lineinfo=1"] * 2
     assert rep["sanitizer"] == "memcheck" and rep["isolated"]
     if not finding:
         assert code == 0 and rep["counts"] == {"PASS": 2}
