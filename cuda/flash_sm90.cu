@@ -101,8 +101,8 @@ static_assert(128 * (PRODUCER_REGS + 2 * CONSUMER_REGS) <= 65536, "one CTA per S
 }  // namespace f90
 
 // Read by kdtr/flash.py (module.get_global) so the launcher never restates these numbers.
-extern "C" __constant__ int kdtr_flash90_config[6] = {f90::BN, f90::STAGES, f90::MAX_T, f90::Smem::bytes,
-                                                      f90::NTHREADS, 32 * COMBINE_WARPS};
+extern "C" __constant__ int kdtr_flash90_config[7] = {f90::BN, f90::STAGES, f90::MAX_T, f90::Smem::bytes,
+                                                      f90::NTHREADS, 32 * COMBINE_WARPS, COMBINE_CHUNKS};
 
 // ---------------------------------------------------------------------------------------------
 // device helpers (PTX wrappers)

@@ -5,7 +5,7 @@
 // Workspace layout written by the main kernels when num_splits > 1 (kdtr/flash.py sizes it):
 //   fp32 partial out [B, splits, R, 512], then fp32 partial lse [B, splits, R] (natural log,
 //   -inf for a split that saw no key of the row); R = T * H rows per request.
-// kdtr_flash_combine<OutT> is launched with grid (R, B), block 32 * COMBINE_WARPS.
+// kdtr_flash_combine<OutT> is launched with grid (R, B, COMBINE_CHUNKS), block 32 * COMBINE_WARPS.
 
 #pragma once
 
@@ -59,17 +59,22 @@ __device__ __forceinline__ void for_each_tail_word(const unsigned* mask_b, int r
 
 }  // namespace kdtr
 
-constexpr int COMBINE_WARPS = 8;  // warps of the combine kernel (one CTA per row)
+constexpr int COMBINE_WARPS = 8;                          // warps of the combine kernel
+constexpr int COMBINE_CHUNKS = 4;                         // CTAs per row: column chunks (grid.z)
+constexpr int COMBINE_COLS = KDTR_DV / COMBINE_CHUNKS;    // 128 columns: one float4 per lane and split
+static_assert(COMBINE_COLS == 32 * 4, "a warp covers its chunk with one float4 per lane");
 
-// One CTA per (row, request): out = sum_s w_s o_s / sum_s w_s with w_s = exp(lse_s - max lse).
-// The splits are spread over the 8 warps (lane: 16 columns), so many partial rows are in flight
-// at once; the 8 warp partials are summed in shared memory.
+// One CTA per (row, request, column chunk): out = sum_s w_s o_s / sum_s w_s with
+// w_s = exp(lse_s - max lse). The splits are spread over the 8 warps, 4 partial rows in flight per
+// warp, so even a decode batch of 8 rows x 132 splits keeps 32 CTAs streaming; the 8 warp
+// partials are summed in shared memory. Chunk 0 writes lse.
 
 template <typename OutT>
 __global__ void __launch_bounds__(32 * COMBINE_WARPS) kdtr_flash_combine(const KdtrParams p) {
   const int R = p.T * p.H, S = p.num_splits;
-  const int row = blockIdx.x, b = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  __shared__ float red[COMBINE_WARPS][KDTR_DV + 1];  // +1: the warp's weight sum
+  const int row = blockIdx.x, b = blockIdx.y, col0 = blockIdx.z * COMBINE_COLS;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  __shared__ float red[COMBINE_WARPS][COMBINE_COLS + 1];  // +1: the warp's weight sum
   __shared__ float mx[COMBINE_WARPS];
   const float* ws_o = static_cast<const float*>(p.workspace);
   const float* lse_s = ws_o + (long long)p.B * S * R * KDTR_DV + (long long)b * S * R + row;  // stride R
@@ -83,38 +88,32 @@ __global__ void __launch_bounds__(32 * COMBINE_WARPS) kdtr_flash_combine(const K
 #pragma unroll
   for (int w = 1; w < COMBINE_WARPS; ++w) M = fmaxf(M, mx[w]);
 
-  float acc[16];
-#pragma unroll
-  for (int e = 0; e < 16; ++e) acc[e] = 0.f;
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
   float wsum = 0.f;
-#pragma unroll 2
+#pragma unroll 4
   for (int s = warp; s < S; s += COMBINE_WARPS) {
     const float ls = lse_s[(long long)s * R];
     if (ls == kdtr::neg_inf()) continue;
     const float w = exp2f((ls - M) * kdtr::LOG2E);
     wsum += w;
-    const float4* src = reinterpret_cast<const float4*>(ws_o + (((long long)b * S + s) * R + row) * KDTR_DV);
-#pragma unroll
-    for (int v = 0; v < 4; ++v) {
-      const float4 x = src[lane + 32 * v];
-      acc[4 * v + 0] += w * x.x;
-      acc[4 * v + 1] += w * x.y;
-      acc[4 * v + 2] += w * x.z;
-      acc[4 * v + 3] += w * x.w;
-    }
+    const float4 x = reinterpret_cast<const float4*>(ws_o + (((long long)b * S + s) * R + row) * KDTR_DV + col0)[lane];
+    acc.x += w * x.x;
+    acc.y += w * x.y;
+    acc.z += w * x.z;
+    acc.w += w * x.w;
   }
-#pragma unroll
-  for (int v = 0; v < 4; ++v)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) red[warp][(lane + 32 * v) * 4 + e] = acc[4 * v + e];
-  if (lane == 0) red[warp][KDTR_DV] = wsum;
+  red[warp][4 * lane + 0] = acc.x;
+  red[warp][4 * lane + 1] = acc.y;
+  red[warp][4 * lane + 2] = acc.z;
+  red[warp][4 * lane + 3] = acc.w;
+  if (lane == 0) red[warp][COMBINE_COLS] = wsum;
   __syncthreads();
   float total = 0.f;
 #pragma unroll
-  for (int w = 0; w < COMBINE_WARPS; ++w) total += red[w][KDTR_DV];
+  for (int w = 0; w < COMBINE_WARPS; ++w) total += red[w][COMBINE_COLS];
   const float inv = 1.f / total;
-  OutT* out = static_cast<OutT*>(p.out) + ((long long)b * R + row) * KDTR_DV;
-  for (int c = 2 * threadIdx.x; c < KDTR_DV; c += 2 * 32 * COMBINE_WARPS) {
+  OutT* out = static_cast<OutT*>(p.out) + ((long long)b * R + row) * KDTR_DV + col0;
+  for (int c = 2 * threadIdx.x; c < COMBINE_COLS; c += 2 * 32 * COMBINE_WARPS) {
     float x = 0.f, y = 0.f;
 #pragma unroll
     for (int w = 0; w < COMBINE_WARPS; ++w) {
@@ -123,5 +122,5 @@ __global__ void __launch_bounds__(32 * COMBINE_WARPS) kdtr_flash_combine(const K
     }
     kdtr::store2<OutT>(out + c, x * inv, y * inv);
   }
-  if (threadIdx.x == 0) p.lse[(long long)b * R + row] = M + logf(total);
+  if (blockIdx.z == 0 && threadIdx.x == 0) p.lse[(long long)b * R + row] = M + logf(total);
 }

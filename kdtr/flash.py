@@ -46,11 +46,11 @@ class FlashVariant:
 MMA = FlashVariant(
     CUDA_DIR / "flash_verify.cu", "kdtr_flash_verify<{mt}, {out}, {bug}>", "kdtr_flash_config",
     ("BN", "STAGES", "MAX_T", "SMEM_MT1", "SMEM_MT2", "SMEM_MT4", "THREADS_MT1", "THREADS_MT2", "THREADS_MT4",
-     "COMBINE_THREADS"),
+     "COMBINE_THREADS", "COMBINE_CHUNKS"),
     (1, 2, 4))
 SM90 = FlashVariant(
     CUDA_DIR / "flash_sm90.cu", "kdtr_flash90_verify<{out}, {bug}>", "kdtr_flash90_config",
-    ("BN", "STAGES", "MAX_T", "SMEM_MT4", "THREADS_MT4", "COMBINE_THREADS"), (4,), "sm_90a")
+    ("BN", "STAGES", "MAX_T", "SMEM_MT4", "THREADS_MT4", "COMBINE_THREADS", "COMBINE_CHUNKS"), (4,), "sm_90a")
 
 NS_PER_KEY = 50.0
 """Model: one CTA's time per key of a full tile (~max of MMA time and KV bytes at one SM's share)."""
@@ -155,7 +155,8 @@ class FlashKernel:
     def steps(self, dp):
         """([(Loaded, grid, block, smem)], workspace_bytes, num_splits): main kernel (+ combine).
 
-        KDTR_FLASH_MT=1|2|4 forces the row tile of ``flash`` (for experiments; docs/PERF.md)."""
+        KDTR_FLASH_MT=1|2|4 forces the row tile of ``flash``, KDTR_FLASH_SPLITS=N the split count (for
+        experiments; docs/PERF.md)."""
         import os
 
         from kdtr.launch import CTYPES, device_info
@@ -169,9 +170,13 @@ class FlashKernel:
         regs = next(iter(main.compiled.resources.values())).registers if main.compiled.resources else 255
         per_sm = occupancy(threads, regs, smem, info["regs_per_sm"], info["smem_per_sm"])
         pl = plan(pr.B, pr.T, pr.H, int(pr.prefix_lens.max()), info["sm_count"], self.bug, mt, per_sm)
+        if int(os.environ.get("KDTR_FLASH_SPLITS", 0)) > 0:
+            forced = int(os.environ["KDTR_FLASH_SPLITS"])
+            pl = FlashPlan(pl.mt, pl.row_tiles, max(2 if self.bug == Bug.MERGE_WRONG_MAX else 1, forced), pl.B)
         steps = [(main, pl.grid, (threads, 1, 1), smem)]
         if pl.splits > 1:
-            steps.append((self._load(COMBINE.format(out=out_t)), (pr.T * pr.H, pr.B, 1), (cfg["COMBINE_THREADS"], 1, 1), 0))
+            steps.append((self._load(COMBINE.format(out=out_t)), (pr.T * pr.H, pr.B, cfg["COMBINE_CHUNKS"]),
+                          (cfg["COMBINE_THREADS"], 1, 1), 0))
         return steps, pl.workspace_bytes(pr.T, pr.H), pl.splits
 
     def run(self, problem, out_dtype: str):

@@ -9,7 +9,8 @@
 #   bench : peaks + the compute and memory shape sets with torch baselines (JSON, CSV, plot)
 #   quick : flash + naive timings on a few shapes, no baselines
 #   sm90  : flash-sm90 block errors (stops there on failure), ci verify, bugs, timing against flash
-#   final : flash-sm90 on the long suite, then the compute and memory sets against torch eager
+#   final : flash-sm90 and flash on the long suite, then flash-sm90 on the compute and memory sets against torch eager
+#   combine: both flash kernels on ci (--repeat 3) and their planted bugs, then scripts/time_steps.py
 #   ablate: flash-sm90 experiment knobs (KDTR_F90_STAGES=3): block errors, then timings
 #   ncu   : stall reasons and pipe use of one flash-sm90 launch (compute and memory shape)
 #   sanitize, robust, devices, mtcmp, mtmem: see each case below
@@ -86,11 +87,23 @@ for mode in "${@:-check}"; do
       OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 stage gen_long timeout 100 $KDTR gen --suite long -j 14 --out "$KDTR_CACHE_DIR/suites/long"
       stage verify_sm90_long timeout 60 $KDTR verify -k flash-sm90 long --json "$LOGS/verify_sm90_long.json"
       tail -n 2 "$LOGS/verify_sm90_long.log" >>"$SUMMARY"
+      stage verify_flash_long timeout 90 $KDTR verify -k flash long --json "$LOGS/verify_flash_long.json"
+      tail -n 2 "$LOGS/verify_flash_long.log" >>"$SUMMARY"
       for set in compute memory; do
         stage bench_f_$set timeout 80 $KDTR bench -k flash-sm90 --baselines eager --set $set --no-check --json "$LOGS/bench_f_$set.json"
         cp "$LOGS/bench_f_$set.json" "$OUT/" 2>/dev/null
       done
       python3 scripts/bench_summary.py "$LOGS"/bench_f_*.json >>"$SUMMARY"
+      ;;
+    combine)  # both flash kernels after a change to their shared split plan / combine: ci, bugs, step timings
+      for k in flash flash-sm90; do
+        stage verify_${k}_ci timeout 90 $KDTR verify -k $k ci --repeat 3 --json "$LOGS/verify_${k}_ci.json"
+        tail -n 1 "$LOGS/verify_${k}_ci.log" >>"$SUMMARY"
+      done
+      stage pytest_flash timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_verify.py -k flash
+      tail -n 2 "$LOGS/pytest_flash.log" >>"$SUMMARY"
+      stage time_steps timeout 120 python3 scripts/time_steps.py flash-sm90
+      grep -v Warn "$LOGS/time_steps.log" >>"$SUMMARY"
       ;;
     ablate)  # flash-sm90 built with its -D knobs (scripts/sm90_ablate.py), after a correctness check of each
       if ! stage sm90_debug_knobs timeout 90 python3 scripts/sm90_debug.py flash-sm90 \
