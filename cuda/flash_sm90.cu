@@ -102,7 +102,7 @@ static_assert(128 * (PRODUCER_REGS + 2 * CONSUMER_REGS) <= 65536, "one CTA per S
 
 // Read by kdtr/flash.py (module.get_global) so the launcher never restates these numbers.
 extern "C" __constant__ int kdtr_flash90_config[7] = {f90::BN, f90::STAGES, f90::MAX_T, f90::Smem::bytes,
-                                                      f90::NTHREADS, 32 * COMBINE_WARPS, COMBINE_CHUNKS};
+                                                      f90::NTHREADS, 32 * COMBINE_WARPS, COMBINE_MAX_CHUNKS};
 
 // ---------------------------------------------------------------------------------------------
 // device helpers (PTX wrappers)

@@ -5,7 +5,7 @@
 // Workspace layout written by the main kernels when num_splits > 1 (kdtr/flash.py sizes it):
 //   fp32 partial out [B, splits, R, 512], then fp32 partial lse [B, splits, R] (natural log,
 //   -inf for a split that saw no key of the row); R = T * H rows per request.
-// kdtr_flash_combine<OutT> is launched with grid (R, B, COMBINE_CHUNKS), block 32 * COMBINE_WARPS.
+// kdtr_flash_combine<OutT> is launched with grid (R, B, chunks <= COMBINE_MAX_CHUNKS), block 32 * COMBINE_WARPS.
 
 #pragma once
 
@@ -59,22 +59,24 @@ __device__ __forceinline__ void for_each_tail_word(const unsigned* mask_b, int r
 
 }  // namespace kdtr
 
-constexpr int COMBINE_WARPS = 8;                          // warps of the combine kernel
-constexpr int COMBINE_CHUNKS = 4;                         // CTAs per row: column chunks (grid.z)
-constexpr int COMBINE_COLS = KDTR_DV / COMBINE_CHUNKS;    // 128 columns: one float4 per lane and split
-static_assert(COMBINE_COLS == 32 * 4, "a warp covers its chunk with one float4 per lane");
+constexpr int COMBINE_WARPS = 8;        // warps of the combine kernel
+constexpr int COMBINE_MAX_CHUNKS = 4;   // CTAs per row at most: column chunks (grid.z = 1, 2 or 4; kdtr/flash.py picks)
 
 // One CTA per (row, request, column chunk): out = sum_s w_s o_s / sum_s w_s with
-// w_s = exp(lse_s - max lse). The splits are spread over the 8 warps, 4 partial rows in flight per
-// warp, so even a decode batch of 8 rows x 132 splits keeps 32 CTAs streaming; the 8 warp
-// partials are summed in shared memory. Chunk 0 writes lse.
+// w_s = exp(lse_s - max lse). The chunk's columns come in groups of 128 (one float4 per lane);
+// the 8 warps are spread over the groups and, within a group, over the splits, 4 partial rows in
+// flight per warp; the warp partials are summed in shared memory. Decode batches (few rows) run 4
+// chunks so the merge streams on more SMs; large batches one, which keeps the CTA count (and its
+// fixed cost) down (kdtr/flash.py picks). Chunk 0 writes lse.
 
 template <typename OutT>
 __global__ void __launch_bounds__(32 * COMBINE_WARPS) kdtr_flash_combine(const KdtrParams p) {
   const int R = p.T * p.H, S = p.num_splits;
-  const int row = blockIdx.x, b = blockIdx.y, col0 = blockIdx.z * COMBINE_COLS;
+  const int cols = KDTR_DV / gridDim.z, groups = cols / 128;  // this CTA's columns, in groups of 128
+  const int row = blockIdx.x, b = blockIdx.y, col0 = blockIdx.z * cols;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  __shared__ float red[COMBINE_WARPS][COMBINE_COLS + 1];  // +1: the warp's weight sum
+  const int group = warp % groups, warps_per_group = COMBINE_WARPS / groups;
+  __shared__ float red[COMBINE_WARPS][128 + 1];  // +1: the warp's weight sum
   __shared__ float mx[COMBINE_WARPS];
   const float* ws_o = static_cast<const float*>(p.workspace);
   const float* lse_s = ws_o + (long long)p.B * S * R * KDTR_DV + (long long)b * S * R + row;  // stride R
@@ -90,13 +92,14 @@ __global__ void __launch_bounds__(32 * COMBINE_WARPS) kdtr_flash_combine(const K
 
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
   float wsum = 0.f;
+  const int c4 = (col0 + group * 128) / 4 + lane;  // this lane's float4 of a partial row
 #pragma unroll 4
-  for (int s = warp; s < S; s += COMBINE_WARPS) {
+  for (int s = warp / groups; s < S; s += warps_per_group) {
     const float ls = lse_s[(long long)s * R];
     if (ls == kdtr::neg_inf()) continue;
     const float w = exp2f((ls - M) * kdtr::LOG2E);
     wsum += w;
-    const float4 x = reinterpret_cast<const float4*>(ws_o + (((long long)b * S + s) * R + row) * KDTR_DV + col0)[lane];
+    const float4 x = reinterpret_cast<const float4*>(ws_o + (((long long)b * S + s) * R + row) * KDTR_DV)[c4];
     acc.x += w * x.x;
     acc.y += w * x.y;
     acc.z += w * x.z;
@@ -106,19 +109,18 @@ __global__ void __launch_bounds__(32 * COMBINE_WARPS) kdtr_flash_combine(const K
   red[warp][4 * lane + 1] = acc.y;
   red[warp][4 * lane + 2] = acc.z;
   red[warp][4 * lane + 3] = acc.w;
-  if (lane == 0) red[warp][COMBINE_COLS] = wsum;
+  if (lane == 0) red[warp][128] = wsum;
   __syncthreads();
-  float total = 0.f;
-#pragma unroll
-  for (int w = 0; w < COMBINE_WARPS; ++w) total += red[w][COMBINE_COLS];
+  float total = 0.f;  // every group saw every split once: the weights of group 0's warps
+  for (int w = 0; w < COMBINE_WARPS; w += groups) total += red[w][128];
   const float inv = 1.f / total;
   OutT* out = static_cast<OutT*>(p.out) + ((long long)b * R + row) * KDTR_DV + col0;
-  for (int c = 2 * threadIdx.x; c < COMBINE_COLS; c += 2 * 32 * COMBINE_WARPS) {
+  for (int c = 2 * threadIdx.x; c < cols; c += 2 * 32 * COMBINE_WARPS) {
+    const int gc = c / 128, cc = c % 128;
     float x = 0.f, y = 0.f;
-#pragma unroll
-    for (int w = 0; w < COMBINE_WARPS; ++w) {
-      x += red[w][c];
-      y += red[w][c + 1];
+    for (int w = gc; w < COMBINE_WARPS; w += groups) {
+      x += red[w][cc];
+      y += red[w][cc + 1];
     }
     kdtr::store2<OutT>(out + c, x * inv, y * inv);
   }

@@ -95,7 +95,7 @@ static_assert(Smem<1>::bytes <= 99 * 1024 && Smem<2>::bytes <= 99 * 1024 && Smem
 extern "C" __constant__ int kdtr_flash_config[11] = {
     flash::BN, flash::STAGES, flash::MAX_T,
     flash::Smem<1>::bytes, flash::Smem<2>::bytes, flash::Smem<4>::bytes,
-    flash::Tile<1>::NTHREADS, flash::Tile<2>::NTHREADS, flash::Tile<4>::NTHREADS, 32 * COMBINE_WARPS, COMBINE_CHUNKS};
+    flash::Tile<1>::NTHREADS, flash::Tile<2>::NTHREADS, flash::Tile<4>::NTHREADS, 32 * COMBINE_WARPS, COMBINE_MAX_CHUNKS};
 
 // ---------------------------------------------------------------------------------------------
 // device helpers (PTX wrappers)

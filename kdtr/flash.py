@@ -46,11 +46,11 @@ class FlashVariant:
 MMA = FlashVariant(
     CUDA_DIR / "flash_verify.cu", "kdtr_flash_verify<{mt}, {out}, {bug}>", "kdtr_flash_config",
     ("BN", "STAGES", "MAX_T", "SMEM_MT1", "SMEM_MT2", "SMEM_MT4", "THREADS_MT1", "THREADS_MT2", "THREADS_MT4",
-     "COMBINE_THREADS", "COMBINE_CHUNKS"),
+     "COMBINE_THREADS", "COMBINE_MAX_CHUNKS"),
     (1, 2, 4))
 SM90 = FlashVariant(
     CUDA_DIR / "flash_sm90.cu", "kdtr_flash90_verify<{out}, {bug}>", "kdtr_flash90_config",
-    ("BN", "STAGES", "MAX_T", "SMEM_MT4", "THREADS_MT4", "COMBINE_THREADS", "COMBINE_CHUNKS"), (4,), "sm_90a")
+    ("BN", "STAGES", "MAX_T", "SMEM_MT4", "THREADS_MT4", "COMBINE_THREADS", "COMBINE_MAX_CHUNKS"), (4,), "sm_90a")
 
 NS_PER_KEY = 50.0
 """Model: one CTA's time per key of a full tile (~max of MMA time and KV bytes at one SM's share)."""
@@ -112,6 +112,12 @@ def occupancy(threads: int, registers: int, smem: int, regs_per_sm: int = 65536,
     return max(1, min(by_regs, by_smem, 32))
 
 
+def combine_chunks(rows_total: int, sm_count: int, max_chunks: int) -> int:
+    """Column chunks (combine CTAs) per output row: max_chunks while the rows alone would not cover
+    the GPU twice (decode: 8-72 rows per request), else 1 (measured on the H200, docs/PERF.md)."""
+    return max_chunks if rows_total < 2 * sm_count else 1
+
+
 def plan(B: int, T: int, H: int, prefix_max: int, sm_count: int, bug: int = 0, mt: int | None = None,
          ctas_per_sm: int = 1) -> FlashPlan:
     rows = T * H
@@ -170,12 +176,13 @@ class FlashKernel:
         regs = next(iter(main.compiled.resources.values())).registers if main.compiled.resources else 255
         per_sm = occupancy(threads, regs, smem, info["regs_per_sm"], info["smem_per_sm"])
         pl = plan(pr.B, pr.T, pr.H, int(pr.prefix_lens.max()), info["sm_count"], self.bug, mt, per_sm)
-        if int(os.environ.get("KDTR_FLASH_SPLITS", 0)) > 0:
+        if int(os.environ.get("KDTR_FLASH_SPLITS") or 0) > 0:
             forced = int(os.environ["KDTR_FLASH_SPLITS"])
             pl = FlashPlan(pl.mt, pl.row_tiles, max(2 if self.bug == Bug.MERGE_WRONG_MAX else 1, forced), pl.B)
         steps = [(main, pl.grid, (threads, 1, 1), smem)]
         if pl.splits > 1:
-            steps.append((self._load(COMBINE.format(out=out_t)), (pr.T * pr.H, pr.B, cfg["COMBINE_CHUNKS"]),
+            chunks = combine_chunks(pr.T * pr.H * pr.B, info["sm_count"], cfg["COMBINE_MAX_CHUNKS"])
+            steps.append((self._load(COMBINE.format(out=out_t)), (pr.T * pr.H, pr.B, chunks),
                           (cfg["COMBINE_THREADS"], 1, 1), 0))
         return steps, pl.workspace_bytes(pr.T, pr.H), pl.splits
 

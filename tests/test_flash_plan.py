@@ -40,3 +40,11 @@ def test_occupancy_counts_registers_and_shared_memory():
     assert occupancy(256, 255, 70000) == 1  # 64K registers: one 256-thread CTA at 255 registers
     assert occupancy(128, 160, 70000) == 3  # smem-bound: 3 x 71 KB in 228 KB
     assert occupancy(128, 64, 20000) == 8
+
+
+def test_combine_chunks_spread_decode_merges_only():
+    """Few rows (decode) get 4 combine CTAs per row; thousands of rows keep one (fixed cost per CTA)."""
+    from kdtr.flash import combine_chunks
+
+    assert combine_chunks(8, 132, 4) == 4 and combine_chunks(72, 132, 4) == 4
+    assert combine_chunks(1040, 132, 4) == 1 and combine_chunks(264, 132, 4) == 1
