@@ -168,14 +168,16 @@ def remove_stale_temps(folder) -> list[str]:
     removed = []
     for name in names:
         m = TEMP_NAME.match(name)
-        if m and not _alive(int(m["pid"])):
+        if m and not _alive(int(m["pid"]), os.path.join(folder, name)):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(os.path.join(folder, name))
                 removed.append(name)
     return sorted(removed)
 
 
-def _alive(pid: int) -> bool:
+def _alive(pid: int, path: str | None = None) -> bool:
+    """Could process ``pid`` still be writing ``path``? A zombie cannot, nor a process that started
+    after the file was last written (its pid was reused: pool workers of a killed run come and go)."""
     if pid == os.getpid():
         return True
     try:
@@ -184,7 +186,29 @@ def _alive(pid: int) -> bool:
         return False
     except (OverflowError, OSError):
         return True  # exists under another user (EPERM), or cannot tell: keep its files
-    return True
+    started = _linux_start_time(pid)
+    if started is None:
+        return True
+    if started == "zombie":
+        return False
+    try:
+        return started <= os.path.getmtime(path) + 1.0 if path else True
+    except OSError:
+        return False  # the file is gone already
+
+
+def _linux_start_time(pid: int):
+    """Epoch seconds at which ``pid`` started, "zombie", or None where /proc cannot tell."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()  # after "pid (comm)": state is field 3
+        if fields[0] in ("Z", "X"):
+            return "zombie"
+        with open("/proc/stat") as f:
+            btime = next(int(ln.split()[1]) for ln in f if ln.startswith("btime"))
+        return btime + int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22: start time in ticks
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
 
 
 def _fsync_dir(folder: str) -> None:

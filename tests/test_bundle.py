@@ -6,6 +6,8 @@ import json
 import os
 import pickle
 import struct
+import subprocess
+import time
 import tracemalloc
 
 import ml_dtypes
@@ -659,3 +661,30 @@ def test_bundle_error_text_is_capped():
     e = BundleError("x.kdtr", "tensor " + "n" * 5000 + " is odd")
     assert len(e.problem) == bundle.MAX_PROBLEM and e.problem.endswith("...")
     assert pickle.loads(pickle.dumps(e)).problem == e.problem
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="needs Linux /proc")
+def test_stale_temps_of_zombie_or_reused_pids_are_removed(tmp_path):
+    """A killed gen's pool workers stay zombies where PID 1 does not reap them, and pids are reused:
+    neither may keep a dead writer's temporary file forever; a live writer's file is kept."""
+    zombie = subprocess.Popen(["true"])
+    deadline = time.time() + 5
+    while bundle._linux_start_time(zombie.pid) != "zombie" and time.time() < deadline:
+        time.sleep(0.05)
+    later = subprocess.Popen(["sleep", "30"])  # a live process that started after the files below
+    try:
+        old = time.time() - 60
+        files = {pid: tmp_path / f".case.kdtr.{pid}.0123abcd.tmp" for pid in (zombie.pid, later.pid, os.getpid())}
+        for path in files.values():
+            path.write_bytes(b"partial")
+            os.utime(path, (old, old))
+        removed = bundle.remove_stale_temps(tmp_path)
+        assert removed == sorted(files[pid].name for pid in (zombie.pid, later.pid))
+        assert files[os.getpid()].exists()
+        fresh = tmp_path / f".case.kdtr.{later.pid}.0123abcd.tmp"  # written by `later` while it runs: kept
+        fresh.write_bytes(b"partial")
+        assert bundle.remove_stale_temps(tmp_path) == [] and fresh.exists()
+    finally:
+        zombie.wait()
+        later.kill()
+        later.wait()
