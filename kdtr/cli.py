@@ -196,7 +196,7 @@ def bench(ctx, kernels, baselines, sets, suite, peaks_only, remeasure, no_check,
     names = [] if baselines.strip() in ("", "none") else [b.strip() for b in baselines.split(",") if b.strip()]
     data = commands.bench_run(specs, list(kernels), names, peaks, not no_check, devices)
     if json_file:
-        from kdtr.bundle import atomic_write_bytes
+        from kdtr.atomic import atomic_write_bytes
 
         atomic_write_bytes(json_file, (json.dumps(data, indent=1, default=str) + "\n").encode())
     if csv_file:

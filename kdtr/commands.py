@@ -210,7 +210,7 @@ def verify_run(kernel_spec: str, sources: list[str], repeat: int, overrides: dic
         rep = run_verify(kernel, paths, repeat=repeat, overrides=overrides, on_case=lambda r: advance(r.case),
                          isolate=isolate, timeout=timeout, sanitize=sanitize, spec=kernel_spec)
     if json_file:
-        from kdtr.bundle import atomic_write_bytes
+        from kdtr.atomic import atomic_write_bytes
 
         atomic_write_bytes(json_file, (json.dumps(rep.to_json(), indent=1, default=str) + "\n").encode())
     render_verify(rep.to_json())
@@ -253,7 +253,7 @@ def bench_peaks(remeasure: bool = False) -> dict:
     key = f"{info['name']}|{info['driver_version']}"
     cache = json.loads(path.read_text()) if path.exists() else {}
     if remeasure or key not in cache:
-        from kdtr.bundle import atomic_write_bytes
+        from kdtr.atomic import atomic_write_bytes
 
         cache[key] = measure_peaks()
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -394,7 +394,7 @@ def write_csv(path: str, data: dict) -> None:
     import io
 
     from kdtr.bench import to_csv_rows
-    from kdtr.bundle import atomic_write_bytes
+    from kdtr.atomic import atomic_write_bytes
 
     flat = to_csv_rows(_rows(data))
     buf = io.StringIO()

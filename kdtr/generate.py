@@ -31,8 +31,8 @@ from typing import Callable, Iterable
 import numpy as np
 
 from kdtr import __version__, tolerances
-from kdtr.bundle import (Bundle, BundleError, atomic_write_bytes, file_sha256, load_bundle, publish,
-                         remove_stale_temps, save_bundle, temp_path)
+from kdtr.atomic import atomic_write_bytes, publish, remove_stale_temps, temp_path
+from kdtr.bundle import Bundle, BundleError, file_sha256, load_bundle, save_bundle
 from kdtr.cases import CaseSpec, build_problem, draft_logp
 from kdtr.reference import reference
 from kdtr.resources import check_fits

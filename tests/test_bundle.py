@@ -17,9 +17,9 @@ import safetensors
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
-from kdtr import bundle, trees
-from kdtr.bundle import (Bundle, BundleError, atomic_write_bytes, atomic_writer, file_sha256,
-                         load_bundle, read_meta, save_bundle, tensor_sha256)
+from kdtr import atomic, bundle, trees
+from kdtr.atomic import atomic_write_bytes, atomic_writer
+from kdtr.bundle import Bundle, BundleError, file_sha256, load_bundle, read_meta, save_bundle, tensor_sha256
 from kdtr.problem import Problem
 from kdtr.rng import Stream
 
@@ -644,15 +644,15 @@ def test_atomic_writer(tmp_path):
 def test_staged_write_then_publish(tmp_path):
     """save_bundle(atomic=False) onto a temp_path, then publish: how kdtr gen installs bundles."""
     final = tmp_path / "a.kdtr"
-    staged = bundle.temp_path(final)
-    assert os.path.dirname(staged) == str(tmp_path) and bundle.TEMP_NAME.match(os.path.basename(staged))
+    staged = atomic.temp_path(final)
+    assert os.path.dirname(staged) == str(tmp_path) and atomic.TEMP_NAME.match(os.path.basename(staged))
     assert not staged.endswith(".kdtr")
     sha = save(staged)
     assert sha == file_sha256(staged) and not final.exists()
     with pytest.raises(FileExistsError):  # atomic=False never overwrites
         out, lse, logp = outputs()
         save_bundle(staged, make_problem(), out, lse, make_meta(), atomic=False)
-    bundle.publish(staged, final)
+    atomic.publish(staged, final)
     assert os.listdir(tmp_path) == ["a.kdtr"] and file_sha256(final) == sha
     load_bundle(final)
 
@@ -669,7 +669,7 @@ def test_stale_temps_of_zombie_or_reused_pids_are_removed(tmp_path):
     neither may keep a dead writer's temporary file forever; a live writer's file is kept."""
     zombie = subprocess.Popen(["true"])
     deadline = time.time() + 5
-    while bundle._linux_start_time(zombie.pid) != "zombie" and time.time() < deadline:
+    while atomic._linux_start_time(zombie.pid) != "zombie" and time.time() < deadline:
         time.sleep(0.05)
     later = subprocess.Popen(["sleep", "30"])  # a live process that started after the files below
     try:
@@ -678,12 +678,12 @@ def test_stale_temps_of_zombie_or_reused_pids_are_removed(tmp_path):
         for path in files.values():
             path.write_bytes(b"partial")
             os.utime(path, (old, old))
-        removed = bundle.remove_stale_temps(tmp_path)
+        removed = atomic.remove_stale_temps(tmp_path)
         assert removed == sorted(files[pid].name for pid in (zombie.pid, later.pid))
         assert files[os.getpid()].exists()
         fresh = tmp_path / f".case.kdtr.{later.pid}.0123abcd.tmp"  # written by `later` while it runs: kept
         fresh.write_bytes(b"partial")
-        assert bundle.remove_stale_temps(tmp_path) == [] and fresh.exists()
+        assert atomic.remove_stale_temps(tmp_path) == [] and fresh.exists()
     finally:
         zombie.wait()
         later.kill()

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from kdtr import bundle
+from kdtr import atomic
 from kdtr import generate as gen
 from kdtr.bundle import file_sha256, load_bundle, read_meta
 from kdtr.cases import CaseSpec
@@ -112,7 +112,7 @@ def assert_consistent(out: Path) -> dict:
     for path in out.glob("*.kdtr"):
         load_bundle(path)  # complete and valid, listed or not
     for path in out.iterdir():
-        assert path.name == gen.MANIFEST or path.suffix == ".kdtr" or bundle.TEMP_NAME.match(path.name), path.name
+        assert path.name == gen.MANIFEST or path.suffix == ".kdtr" or atomic.TEMP_NAME.match(path.name), path.name
         assert not (path.name.startswith(".") and path.suffix == ".kdtr"), path.name
     return listed
 
@@ -155,7 +155,7 @@ def test_killed_mid_write(driver, tmp_path):
     for i, at in enumerate((14, 17, 33), 1):  # the first bundle's 4th and 7th tensor, the second's 3rd
         assert run_gen(driver, tmp_path, TWO, f"tag-{i}", kill=("mid-write", at)) == -signal.SIGKILL
         assert_consistent(tmp_path)
-        assert any(bundle.TEMP_NAME.match(p.name) for p in tmp_path.iterdir()), "the kill left no partial file"
+        assert any(atomic.TEMP_NAME.match(p.name) for p in tmp_path.iterdir()), "the kill left no partial file"
     assert run_gen(driver, tmp_path, TWO, "final") == 0
     assert_complete(tmp_path, 2, "final")
 
@@ -239,7 +239,7 @@ def test_next_run_removes_stale_temporary_files(tmp_path):
     left = {p.name for p in tmp_path.iterdir()}
     assert names["dead_bundle"] not in left and names["dead_manifest"] not in left
     assert {names[k] for k in ("live", "mine", "user_file", "user_bundle")} <= left
-    assert bundle.remove_stale_temps(tmp_path / "missing") == []
+    assert atomic.remove_stale_temps(tmp_path / "missing") == []
 
 
 def test_failing_worker_leaves_no_staged_files(tmp_path, monkeypatch):
@@ -287,7 +287,7 @@ def test_manifest_updates_wait_for_another_generator(tmp_path):
     worker.start()
     try:
         deadline = time.monotonic() + 10
-        while not any(bundle.TEMP_NAME.match(p.name) for p in tmp_path.iterdir()) and time.monotonic() < deadline:
+        while not any(atomic.TEMP_NAME.match(p.name) for p in tmp_path.iterdir()) and time.monotonic() < deadline:
             time.sleep(0.01)
         time.sleep(0.2)
         assert not list(tmp_path.glob("*.kdtr")) and not (tmp_path / gen.MANIFEST).exists()  # staged, waiting
