@@ -21,6 +21,7 @@ import ml_dtypes
 import numpy as np
 
 from kdtr.atomic import atomic_writer, exclusive_writer
+from kdtr import tolerances
 from kdtr.presets import DK, DV
 from kdtr.problem import Problem, mask_words
 
@@ -364,6 +365,8 @@ def _check_meta(meta: dict) -> None:
     for key, (ok, what) in rules.items():
         if not ok:
             raise _Invalid(f"metadata {key} must be {what}, got {meta[key]!r}")
+    if why := tolerances.recorded_problem(meta["tolerances"]):
+        raise _Invalid(f"metadata tolerances {why}")
 
 
 def _make_problem(arrays: dict[str, np.ndarray], meta: dict) -> Problem:

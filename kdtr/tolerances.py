@@ -7,7 +7,8 @@ this table, the values recorded in a bundle, then command-line overrides.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+import math
+from dataclasses import asdict, dataclass, fields, replace
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,29 @@ def default(kv_dtype: str, out_dtype: str, output: str) -> Tol:
 def for_bundle_meta(kv_dtype: str, out_dtype: str) -> dict:
     """What a bundle records at generation time: {output: Tol as JSON}."""
     return {o: default(kv_dtype, out_dtype, o).to_json() for o in OUTPUTS}
+
+
+def recorded_problem(recorded) -> str | None:
+    """Why tolerances recorded in a bundle cannot be applied (None when they can): a golden file
+    must not be able to make a check that cannot fail (an infinite atol) or crash verify."""
+    names = [f.name for f in fields(Tol)]
+    if not isinstance(recorded, dict):
+        return "must be a JSON object"
+    for output, layer in recorded.items():
+        if output not in OUTPUTS:
+            return f"name an unknown output {output!r} (known: {', '.join(OUTPUTS)})"
+        if not isinstance(layer, dict):
+            return f"{output} must be a JSON object"
+        for key, value in layer.items():
+            if key not in names:
+                return f"{output}.{key} is not a tolerance (known: {', '.join(names)})"
+            if type(value) not in (int, float) or not math.isfinite(value):
+                return f"{output}.{key} must be a finite number, got {value!r}"
+        try:
+            Tol(**{**dict.fromkeys(names, 0.0), **layer})
+        except ValueError:
+            return f"{output} out of range: atol, rtol, rel_norm >= 0 and -1 <= min_cos <= 1, got {layer}"
+    return None
 
 
 def resolve(kv_dtype: str, out_dtype: str, output: str, recorded: dict | None = None, overrides: dict | None = None) -> Tol:
