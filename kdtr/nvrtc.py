@@ -22,7 +22,29 @@ from pathlib import Path
 
 LINEINFO_ENV = "KDTR_LINEINFO"
 """Set to 1 to compile every kernel with -lineinfo (kdtr verify --sanitize does, so reports name source lines)."""
-CUDA_DIR = Path(os.environ.get("KDTR_CUDA_DIR", Path(__file__).resolve().parent.parent / "cuda"))
+
+
+def find_cuda_dir(env: str | None = None, tree: Path | None = None, prefixes=None) -> Path:
+    """kdtr's CUDA sources: $KDTR_CUDA_DIR, else the source tree's cuda/ (a checkout or an editable
+    install), else the copy a wheel installs as <prefix>/share/kdtr/cuda (venv, system or user)."""
+    if env:
+        return Path(env)
+    tree = tree or Path(__file__).resolve().parent.parent / "cuda"
+    if tree.is_dir():
+        return tree
+    if prefixes is None:
+        import site
+        import sys
+
+        prefixes = [sys.prefix, sys.base_prefix, site.getuserbase()]
+    for prefix in prefixes:
+        installed = Path(prefix) / "share" / "kdtr" / "cuda"
+        if installed.is_dir():
+            return installed
+    return tree  # nowhere: a compile then names the path it looked in
+
+
+CUDA_DIR = find_cuda_dir(os.environ.get("KDTR_CUDA_DIR"))
 """kdtr's CUDA sources and headers (kdtr_abi.h, kdtr_common.cuh, the built-in kernels)."""
 DEFAULT_OPTIONS = ("-std=c++17",)
 _INSTALL_HINT = (
