@@ -20,8 +20,8 @@ from dataclasses import dataclass
 import ml_dtypes
 import numpy as np
 
-from kdtr.atomic import atomic_writer, exclusive_writer
 from kdtr import tolerances
+from kdtr.atomic import atomic_writer, exclusive_writer
 from kdtr.presets import DK, DV
 from kdtr.problem import Problem, mask_words
 

@@ -119,11 +119,12 @@ def combine_chunks(rows_total: int, sm_count: int, max_chunks: int) -> int:
 
 
 def plan(B: int, T: int, H: int, prefix_max: int, sm_count: int, bug: int = 0, mt: int | None = None,
-         ctas_per_sm: int = 1) -> FlashPlan:
+         ctas_per_sm: int = 1, splits: int | None = None) -> FlashPlan:
+    """Launch geometry; ``mt`` / ``splits`` force the row tile / split count (experiments)."""
     rows = T * H
     mt = mt or row_tile_m(rows)
     row_tiles = math.ceil(rows / (16 * mt))
-    splits = choose_splits(prefix_max, row_tiles * B, rows, B, sm_count * ctas_per_sm)
+    splits = splits or choose_splits(prefix_max, row_tiles * B, rows, B, sm_count * ctas_per_sm)
     if bug == Bug.MERGE_WRONG_MAX:
         splits = max(2, splits)  # the planted merge bug needs a merge
     return FlashPlan(mt, row_tiles, splits, B)
@@ -168,17 +169,16 @@ class FlashKernel:
         from kdtr.launch import CTYPES, device_info
 
         pr, info, v = dp.problem, device_info(), self.variant
-        forced = int(os.environ.get("KDTR_FLASH_MT", 0))
-        mt = forced if forced in v.mts else v.mt_for(pr.T * pr.H)
+        forced_mt = int(os.environ.get("KDTR_FLASH_MT", 0))
+        mt = forced_mt if forced_mt in v.mts else v.mt_for(pr.T * pr.H)
         out_t, cfg = CTYPES[dp.out_dtype], self.config()
         main = self._load(v.main.format(mt=mt, out=out_t, bug=self.bug))
         threads, smem = cfg[f"THREADS_MT{mt}"], cfg[f"SMEM_MT{mt}"]
         regs = next(iter(main.compiled.resources.values())).registers if main.compiled.resources else 255
         per_sm = occupancy(threads, regs, smem, info["regs_per_sm"], info["smem_per_sm"])
-        pl = plan(pr.B, pr.T, pr.H, int(pr.prefix_lens.max()), info["sm_count"], self.bug, mt, per_sm)
-        if int(os.environ.get("KDTR_FLASH_SPLITS") or 0) > 0:
-            forced = int(os.environ["KDTR_FLASH_SPLITS"])
-            pl = FlashPlan(pl.mt, pl.row_tiles, max(2 if self.bug == Bug.MERGE_WRONG_MAX else 1, forced), pl.B)
+        forced_splits = max(0, int(os.environ.get("KDTR_FLASH_SPLITS") or 0))
+        pl = plan(pr.B, pr.T, pr.H, int(pr.prefix_lens.max()), info["sm_count"], self.bug, mt, per_sm,
+                  forced_splits or None)
         steps = [(main, pl.grid, (threads, 1, 1), smem)]
         if pl.splits > 1:
             chunks = combine_chunks(pr.T * pr.H * pr.B, info["sm_count"], cfg["COMBINE_MAX_CHUNKS"])

@@ -48,3 +48,12 @@ def test_combine_chunks_spread_decode_merges_only():
 
     assert combine_chunks(8, 132, 4) == 4 and combine_chunks(72, 132, 4) == 4
     assert combine_chunks(1040, 132, 4) == 1 and combine_chunks(264, 132, 4) == 1
+
+
+def test_forced_split_count_keeps_the_merge_bug_floor():
+    """A forced split count (KDTR_FLASH_SPLITS) replaces the chosen one; the planted merge bug still gets a merge."""
+    from kdtr.bugs import Bug
+    from kdtr.flash import plan
+
+    assert plan(1, 1, 8, 32768, 132, splits=33).splits == 33
+    assert plan(1, 1, 8, 32768, 132, bug=Bug.MERGE_WRONG_MAX, splits=1).splits == 2
