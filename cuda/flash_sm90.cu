@@ -399,7 +399,7 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
         }
         fence_async_smem();  // P is read by the consumers' wgmma (async proxy)
       }
-      bar_sync(BAR_P_FULL + stage, NTHREADS);  // measured faster than arriving (docs/PERF.md, s5)
+      bar_sync(BAR_P_FULL + stage, NTHREADS);  // measured faster than arriving (docs/PERF.md, s5 and session 4)
     }
 
     // final row statistics: l to the consumers, lse written here
@@ -427,29 +427,47 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
     // a key row, the stores land XOR-swizzled (conflict-free). A stage is refilled only after both
     // consumers' P V of its tile (a 256-thread barrier), since each copies columns the other reads.
     const int ld_key = (tid - 128) >> 3, ld_chunk = tid & 7;
-    const __nv_bfloat16* kv = static_cast<const __nv_bfloat16*>(p.kv_cache);
+    const __nv_bfloat16* kv = static_cast<const __nv_bfloat16*>(p.kv_cache) + ld_chunk * 8;  // this thread's chunk
+    const int* bt = p.block_table + (long long)b * p.max_pages;
     const bool page_pow2 = (p.page_size & (p.page_size - 1)) == 0;  // 1 and 64: shifts, not divisions
     const int page_shift = __ffs(p.page_size) - 1;
-    auto locate = [&](int i) -> const __nv_bfloat16* {  // this thread's chunk of its key row of tile i; nullptr past the range
-      const int j = tile_key0(i) + ld_key;
-      if (j >= (i < n_pre ? kp_hi : P + T)) return nullptr;
-      const int jp = BUG == KDTR_BUG_PAGE_OFF_BY_ONE ? j + 1 : j;
-      const int page_index = min(page_pow2 ? jp >> page_shift : jp / p.page_size, p.max_pages - 1);
-      const int in_page = page_pow2 ? j & (p.page_size - 1) : j % p.page_size;
-      return kv + kdtr::kv_row_offset(p, b, page_index, in_page) + ld_chunk * 8;
+    struct KeyRow {
+      int slot, page, in_page;  // block-table slot (-1: past the range, zero-filled), its entry, offset in the page
     };
-    auto copy_tile = [&](int i, const __nv_bfloat16* row) {  // zero-fills a key past the range
+    auto key_slot = [&](int i) {  // this thread's key of tile i, before its block-table entry is read
+      KeyRow k{-1, 0, 0};
+      const int j = i < n_tiles ? tile_key0(i) + ld_key : P + T;  // past the last tile: no key
+      if (j < (i < n_pre ? kp_hi : P + T)) {
+        const int jp = BUG == KDTR_BUG_PAGE_OFF_BY_ONE ? j + 1 : j;
+        k.slot = min(page_pow2 ? jp >> page_shift : jp / p.page_size, p.max_pages - 1);
+        k.in_page = page_pow2 ? j & (p.page_size - 1) : j % p.page_size;
+      }
+      return k;
+    };
+    auto read_page = [&](KeyRow& k) {
+      if (k.slot >= 0) k.page = bt[k.slot];
+    };
+    auto copy_tile = [&](int i, const KeyRow& k) {  // the key's chunk of all 9 slabs; zero-fills past the range
       const unsigned dst = kv_base + (i % STAGES) * STAGE_BYTES + ld_key * 128 + ((ld_chunk ^ (ld_key & 7)) * 16);
+      const __nv_bfloat16* src = kv + (k.slot >= 0 ? kdtr::kv_page_row(p, k.page, k.in_page) : 0ll);
 #pragma unroll
-      for (int sl = 0; sl < SLABS; ++sl) kdtr::cp_async16(dst + sl * SLAB, row ? row + sl * 64 : kv, row != nullptr);
+      for (int sl = 0; sl < SLABS; ++sl) kdtr::cp_async16(dst + sl * SLAB, src + sl * 64, k.slot >= 0);
     };
-    auto load_tile = [&](int i) { copy_tile(i, locate(i)); };
+    auto load_tile = [&](int i) {
+      KeyRow k = key_slot(i);
+      read_page(k);
+      copy_tile(i, k);
+    };
     // tile t is cp.async group t: tiles 0..STAGES-1 now, tile i+STAGES once P V(i) is done
 #pragma unroll
     for (int t = 0; t < STAGES; ++t) {
       if (t < n_tiles) load_tile(t);
       kdtr::cp_async_commit();
     }
+    // the next refill's key: its block-table entry is read a tile before the copy needs it (the read's
+    // latency sat on the consumers' path from P V to "P full": docs/PERF.md, session 4)
+    KeyRow next = key_slot(STAGES);
+    read_page(next);
     if (n_tiles > 0) {
       kdtr::cp_async_wait<STAGES - 1>();  // tile 0
       fence_async_smem();                 // cp.async writes (generic proxy) before wgmma reads (async proxy)
@@ -487,7 +505,10 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
       reg_fence(acc);
       if (i + STAGES < n_tiles) {  // refill tile i's stage once both consumers' P V(i) is done
         bar_sync(BAR_CONS, 256);
-        load_tile(i + STAGES);
+        asm volatile("" : "+r"(next.page));  // its block-table read went out a tile ago; used only now, after P V
+        copy_tile(i + STAGES, next);
+        next = key_slot(i + STAGES + 1);
+        read_page(next);
       }
       kdtr::cp_async_commit();
     }

@@ -11,17 +11,26 @@ import numpy as np
 from kdtr.launch import _cupy, device_info
 
 
-def time_launcher(fn, *, flush_bytes: int = 0, warmup_ms: float = 25.0, budget_ms: float = 1500.0,
-                  min_reps: int = 10, max_reps: int = 400, noise: float = 0.02) -> dict:
+FLUSH_MODE = "read"
+"""How time_launcher empties the L2 between repetitions by default (recorded in bench JSON)."""
+
+
+def time_launcher(fn, *, flush_bytes: int = 0, flush_mode: str = FLUSH_MODE, warmup_ms: float = 25.0,
+                  budget_ms: float = 1500.0, min_reps: int = 10, max_reps: int = 400, noise: float = 0.02) -> dict:
     """Median and IQR of fn's device time by CUDA events (do_bench style).
 
     Warm-up by time budget (module load and first-launch costs stay out); before every timed
-    repetition a buffer of ``flush_bytes`` (> 2x L2) is overwritten so each repetition starts
-    with a cold L2; repetitions go on until the IQR is under ``noise`` of the median (after
-    min_reps) or the time budget is spent.
+    repetition a buffer of ``flush_bytes`` (> 2x L2) is read (``flush_mode`` "read") so each
+    repetition starts with a cold and clean L2. "write" overwrites it instead, as
+    triton.testing.do_bench does; that leaves the L2 full of dirty lines whose write-back the timed
+    kernel then pays: a bare 38 MB read takes 16.1 us after it and 12.4 us after a read flush on
+    the H200 (docs/PERF.md, session 4). Repetitions go on until the IQR is under ``noise`` of the
+    median (after min_reps) or the time budget is spent.
     """
     import time as _time
 
+    if flush_mode not in ("read", "write"):
+        raise ValueError(f"flush_mode must be 'read' or 'write', not {flush_mode!r}")
     cp = _cupy()
     flush = cp.empty(max(flush_bytes, 0) // 4, cp.int32) if flush_bytes else None
     t0 = _time.perf_counter()
@@ -36,7 +45,10 @@ def time_launcher(fn, *, flush_bytes: int = 0, warmup_ms: float = 25.0, budget_m
     t0 = _time.perf_counter()
     while len(times) < max_reps:
         if flush is not None:
-            flush.fill(len(times))
+            if flush_mode == "read":
+                flush.sum()  # a reduction: every byte read, one number written
+            else:
+                flush.fill(len(times))
         start, stop = cp.cuda.Event(), cp.cuda.Event()
         start.record()
         fn()

@@ -11,7 +11,8 @@
 #   sm90  : flash-sm90 block errors (stops there on failure), ci verify, bugs, timing against flash
 #   final : flash-sm90 and flash on the long suite, then flash-sm90 on the compute and memory sets against torch eager
 #   combine: both flash kernels on ci (--repeat 3) and their planted bugs, then scripts/time_steps.py
-#   ablate: flash-sm90 experiment knobs (KDTR_F90_STAGES=3): block errors, then timings
+#   sol   : both flash kernels on ci and their bugs, then scripts/sol_probe.py (bare-read speed of light, flush A/B)
+#   ablate: flash-sm90 experiment knobs (KDTR_F90_STAGES=3/4): block errors, then timings
 #   ncu   : stall reasons and pipe use of one flash-sm90 launch (compute and memory shape)
 #   sanitize, robust, devices, mtcmp, mtmem: see each case below
 #
@@ -105,14 +106,28 @@ for mode in "${@:-check}"; do
       stage time_steps timeout 120 python3 scripts/time_steps.py flash-sm90
       grep -v Warn "$LOGS/time_steps.log" >>"$SUMMARY"
       ;;
+    sol)  # both flash kernels on ci and their bugs, then the decode speed-of-light probe (flush A/B)
+      for k in flash flash-sm90; do
+        stage verify_${k}_ci timeout 90 $KDTR verify -k $k ci --repeat 3 --json "$LOGS/verify_${k}_ci.json"
+        tail -n 1 "$LOGS/verify_${k}_ci.log" >>"$SUMMARY"
+      done
+      stage pytest_flash timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_verify.py -k flash
+      tail -n 2 "$LOGS/pytest_flash.log" >>"$SUMMARY"
+      stage sol_probe timeout 300 python3 scripts/sol_probe.py flash-sm90
+      grep -v Warn "$LOGS/sol_probe.log" >>"$SUMMARY"
+      ;;
     ablate)  # flash-sm90 built with its -D knobs (scripts/sm90_ablate.py), after a correctness check of each
       if ! stage sm90_debug_knobs timeout 90 python3 scripts/sm90_debug.py flash-sm90 \
           stages3="-DKDTR_F90_STAGES=3 -DKDTR_F90_EXPERIMENT" stages4="-DKDTR_F90_STAGES=4 -DKDTR_F90_EXPERIMENT"; then
         grep -v Warn "$LOGS/sm90_debug_knobs.log" | tail -n 30 >>"$SUMMARY"; note "sm90_debug failed: stopping"; break
       fi
       grep "out rel" "$LOGS/sm90_debug_knobs.log" | sed -E 's/^([^ =]+)[^:]*: out rel ([0-9.e+-]+).*/\1 \2/' | tr '\n' ' ' >>"$SUMMARY"
+      stage verify_sm90_ci timeout 90 $KDTR verify -k flash-sm90 ci --repeat 3 --json "$LOGS/verify_sm90_ci.json"
+      tail -n 1 "$LOGS/verify_sm90_ci.log" >>"$SUMMARY"
+      stage pytest_sm90 timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_verify.py -k flash-sm90
+      tail -n 1 "$LOGS/pytest_sm90.log" >>"$SUMMARY"
       stage sm90_ablate timeout 300 python3 scripts/sm90_ablate.py
-      grep -v Warn "$LOGS/sm90_ablate.log" | tail -n 45 >>"$SUMMARY"
+      grep -v Warn "$LOGS/sm90_ablate.log" | tail -n 60 >>"$SUMMARY"
       ;;
     ncu)  # stall reasons and pipe use of flash-sm90 (one launch) on a compute and a memory shape
       for shape in "deepseek-v3 8 256 32768 1" "kimi-k2 8 0 32768 32"; do

@@ -1,7 +1,9 @@
 """Time flash-sm90 built with its -D experiment knobs (cuda/flash_sm90.cu) on a compute and a
 memory shape, next to the default build: today the KV pipeline depth (3-4 stages: above the
-99 KB the default keeps). A timing aid for docs/PERF.md: nothing here is checked
-(`scripts/gpu_check.sh ablate` runs scripts/sm90_debug.py on the same builds first).
+99 KB the default keeps). Earlier knobs (L2 prefetch, S-first order, early block-table read,
+producer arrive at "P full") were measured this way, then removed or adopted (docs/PERF.md).
+A timing aid for docs/PERF.md: nothing here is checked (`scripts/gpu_check.sh ablate` runs
+scripts/sm90_debug.py on the same builds first).
 
     python3 scripts/sm90_ablate.py [LABEL=OPTS ...]   e.g. s3="-DKDTR_F90_STAGES=3 -DKDTR_F90_EXPERIMENT"
 """
@@ -18,7 +20,7 @@ DEFAULT = {
 variants = dict(a.split("=", 1) for a in sys.argv[1:]) or DEFAULT
 impls = [flash.FlashKernel(label, kernels.FLASH90_CAPS, 0, flash.SM90, tuple(o.split())) for label, o in variants.items()]
 specs = (bench.grid(["deepseek-v3"], [8], [64], [8192], [1]) + bench.grid(["deepseek-v3"], [8], [256], [32768], [1])
-         + bench.grid(["kimi-k2"], [8], [0, 8], [32768], [32]) + bench.grid(["kimi-k2"], [8], [0], [32768], [1]))
+         + bench.grid(["kimi-k2"], [8], [0, 8], [32768], [32]) + bench.grid(["kimi-k2"], [8], [0, 8], [32768, 131072], [1]))
 peaks = measure_peaks()
 print(f"peaks: copy {peaks['copy_gbs']:.0f} GB/s, gemm {peaks['gemm_tflops']:.0f} TFLOP/s")
 for spec in specs:

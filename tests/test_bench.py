@@ -105,3 +105,11 @@ def test_timing_without_a_gpu_is_a_clear_error():
     for call in (lambda: time_launcher(lambda: None), measure_peaks):
         with pytest.raises(GpuUnavailable):
             call()
+
+
+def test_timing_rejects_an_unknown_flush_mode_before_touching_a_gpu():
+    from kdtr.timing import FLUSH_MODE, time_launcher
+
+    assert FLUSH_MODE == "read"  # a written flush bills the timed kernel for its dirty lines (docs/PERF.md)
+    with pytest.raises(ValueError, match="flush_mode"):
+        time_launcher(lambda: None, flush_bytes=1 << 20, flush_mode="zero")
