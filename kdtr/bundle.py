@@ -389,6 +389,23 @@ def _check_data(problem: Problem) -> None:
             raise _Invalid(f"request {b}: bad tree: {e}") from None
 
 
+def _check_draft(draft, problem: Problem, family) -> None:
+    """In a DDTree bundle, draft_logp [B, L, K] must rebuild each request's tree (SPEC section 2):
+    bytes that pass their checksum under a transposed shape, or values edited under re-signed
+    metadata, describe another draft. Other families carry draft_logp as opaque data."""
+    from kdtr import trees
+
+    if draft is None or family != "ddtree":
+        return
+    for b in range(problem.B):
+        try:
+            parent = trees.ddtree(draft[b], problem.T - 1).parent
+        except trees.TreeError as e:
+            raise _Invalid(f"request {b}: draft_logp is no DDTree draft: {e}") from None
+        if not np.array_equal(parent, problem.tree_parent[b]):
+            raise _Invalid(f"request {b}: draft_logp does not rebuild tree_parent (DDTree's best-first order)")
+
+
 _BAD_INPUT = (ValueError, TypeError, KeyError, IndexError, AttributeError, ArithmeticError,
               struct.error, MemoryError, RecursionError)
 
@@ -442,6 +459,7 @@ def load_bundle(path, verify_checksums: bool = True) -> Bundle:
             arrays[name] = np.frombuffer(buf, DTYPES[code], count, begin).reshape(shape)
         problem = _make_problem(arrays, meta)
         _check_data(problem)
+        _check_draft(arrays.get("draft_logp"), problem, meta["tree"].get("family"))
         return Bundle(os.fspath(path), problem, arrays["out"], arrays["lse"], arrays.get("draft_logp"), meta)
 
 

@@ -327,6 +327,16 @@ def test_lying_tensor_entries(golden, data):
     expect_error(attempt(golden.work, encode(header, data_of(golden))))
 
 
+def test_transposed_draft_logp_is_refused(golden):
+    """Found by test_lying_tensor_entries: [B, L, K] relabelled [B, K, L] keeps its bytes, hence its
+    checksum, and draft_logp's L and K are free; only rebuilding the DDTree tree catches it."""
+    header = copy_header(golden)
+    shape = header["draft_logp"]["shape"]
+    assert shape[1] != shape[2]
+    header["draft_logp"]["shape"] = [shape[0], shape[2], shape[1]]
+    expect_error(attempt(golden.work, encode(header, data_of(golden))), "draft_logp")
+
+
 @fuzz(30)
 @given(st.data())
 def test_lying_dims_even_when_re_signed(golden, data):
