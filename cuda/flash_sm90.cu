@@ -3,7 +3,8 @@
 // What is in it
 //   kdtr_flash90_verify<OutT, BUG>   one CTA = 64 query rows of one request (rows r = node*H + head)
 //                                    x one KV split of that request; 3 warpgroups, 384 threads.
-//   kdtr_flash_combine<OutT>         the split merge shared with flash_verify.cu (flash_split.cuh).
+//   kdtr_flash_combine<OutT>         the split merge shared with flash_verify.cu (flash_split.cuh);
+//                                    one-wave grids merge inside the main kernel instead (MERGE = 1).
 //
 // Design (SPEC sections 1, 3, 5; the same operator, split plan and workspace as flash_verify.cu)
 //   * wgmma.mma_async (m64nNk16, bf16 in, fp32 accumulate): the tensor cores read the KV tile
@@ -97,6 +98,8 @@ static_assert(STAGES >= 2 && BAR_CONS < 16, "2+ stages, within the 16 named barr
 static_assert(NTHREADS - 128 == BN * 8, "tile copies: one consumer thread per (key, 16-byte chunk) of a 128-byte row");
 static_assert(STAGE_BYTES % 1024 == 0, "every stage starts on a 128-byte-swizzle atom");
 static_assert(128 * (PRODUCER_REGS + 2 * CONSUMER_REGS) <= 65536, "one CTA per SM's register file");
+static_assert(32 * COMBINE_WARPS == 256 && (COMBINE_RED_FLOATS + 1) * 4 <= STAGE_BYTES,
+              "the in-kernel merge runs on the two consumer warpgroups, its scratch in KV stage 0");
 
 }  // namespace f90
 
@@ -223,7 +226,9 @@ __device__ __forceinline__ void wgmma_ss_m64n32k16(float (&d)[16], unsigned long
 // ---------------------------------------------------------------------------------------------
 // kernels
 // ---------------------------------------------------------------------------------------------
-template <typename OutT, int BUG>
+// MERGE: the splits are merged here (kdtr::merge_in_kernel), not by kdtr_flash_combine; only for
+// one-wave grids (kdtr/flash.py).
+template <typename OutT, int BUG, int MERGE>
 __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const KdtrParams p) {
   using namespace f90;
   using kdtr::LN2;
@@ -416,6 +421,7 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
         else ws_lse[((long long)b * nsplit + split) * R + r] = lse;
       }
     }
+    if (MERGE && !direct) __threadfence();  // lse before the consumers' merge ticket
     bar_arrive(BAR_STATS, NTHREADS);
   } else {
     // ================= consumers: tile copies, O[:, c*256..+256] += P V =================
@@ -529,6 +535,12 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
         if (direct) kdtr::store2<OutT>(static_cast<OutT*>(p.out) + orow + col, o0, o1);
         else kdtr::store2<float>(ws_o + orow + col, o0, o1);
       }
+    }
+    if (MERGE && !direct) {  // the merge scratch reuses KV stage 0: every tile is done
+      float* red = reinterpret_cast<float*>(smem + (kv_base - kdtr::smem_addr(smem)));
+      kdtr::merge_in_kernel<OutT, COMBINE_WARPS>(p, b, blockIdx.x, r0, min(BM, R - r0), tid - 128, red,
+                                                 reinterpret_cast<int*>(red + COMBINE_RED_FLOATS),
+                                                 [] { f90::bar_sync(f90::BAR_CONS, 256); });
     }
   }
 }

@@ -4,8 +4,11 @@
 //
 // Workspace layout written by the main kernels when num_splits > 1 (kdtr/flash.py sizes it):
 //   fp32 partial out [B, splits, R, 512], then fp32 partial lse [B, splits, R] (natural log,
-//   -inf for a split that saw no key of the row); R = T * H rows per request.
-// kdtr_flash_combine<OutT> is launched with grid (R, B, chunks <= COMBINE_MAX_CHUNKS), block 32 * COMBINE_WARPS.
+//   -inf for a split that saw no key of the row), then uint32 merge counters [B, row tiles, 2]
+//   (in-kernel merge only; zero before a launch, zero again after it); R = T * H rows per request.
+// The merge runs either as kdtr_flash_combine<OutT>, launched with grid (R, B, chunks <=
+// COMBINE_MAX_CHUNKS) and block 32 * COMBINE_WARPS, or inside a main kernel that calls
+// kdtr::merge_in_kernel (flash-sm90 on one-wave grids; kdtr/flash.py decides).
 
 #pragma once
 
@@ -59,70 +62,121 @@ __device__ __forceinline__ void for_each_tail_word(const unsigned* mask_b, int r
 
 }  // namespace kdtr
 
-constexpr int COMBINE_WARPS = 8;        // warps of the combine kernel
+constexpr int COMBINE_WARPS = 8;        // warps of the combine kernel (and of flash-sm90's in-kernel merge)
 constexpr int COMBINE_MAX_CHUNKS = 4;   // CTAs per row at most: column chunks (grid.z = 1, 2 or 4; kdtr/flash.py picks)
+constexpr int COMBINE_RED_FLOATS = COMBINE_WARPS * 129 + COMBINE_WARPS;  // shared scratch of merge_row
 
-// One CTA per (row, request, column chunk): out = sum_s w_s o_s / sum_s w_s with
-// w_s = exp(lse_s - max lse). The chunk's columns come in groups of 128 (one float4 per lane);
-// the 8 warps are spread over the groups and, within a group, over the splits, 4 partial rows in
-// flight per warp; the warp partials are summed in shared memory. Decode batches (few rows) run 4
-// chunks so the merge streams on more SMs; large batches one, which keeps the CTA count (and its
-// fixed cost) down (kdtr/flash.py picks). Chunk 0 writes lse.
+namespace kdtr {
 
-template <typename OutT>
-__global__ void __launch_bounds__(32 * COMBINE_WARPS) kdtr_flash_combine(const KdtrParams p) {
+// Merges output row `row` of request b, columns [col0, col0 + cols) (cols: 128, 256 or 512), from
+// the splits' partials: out = sum_s w_s o_s / sum_s w_s with w_s = exp(lse_s - max lse). The
+// NWARPS calling warps (warp, lane) are spread over the 128-column groups and, within a group, over
+// the splits, 4 partial rows in flight per warp; their sums meet in `red` (COMBINE_RED_FLOATS of
+// shared memory); `sync` is a barrier of those warps. Partials are read through L2 (ld.cg): other
+// CTAs of the same grid may have written them. The call with col0 == 0 writes lse.
+template <typename OutT, int NWARPS, typename Sync>
+__device__ __forceinline__ void merge_row(const KdtrParams& p, int row, int b, int col0, int cols, int warp, int lane,
+                                          float* red, Sync sync) {
   const int R = p.T * p.H, S = p.num_splits;
-  const int cols = KDTR_DV / gridDim.z, groups = cols / 128;  // this CTA's columns, in groups of 128
-  const int row = blockIdx.x, b = blockIdx.y, col0 = blockIdx.z * cols;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int group = warp % groups, warps_per_group = COMBINE_WARPS / groups;
-  __shared__ float red[COMBINE_WARPS][128 + 1];  // +1: the warp's weight sum
-  __shared__ float mx[COMBINE_WARPS];
+  const int groups = cols / 128, group = warp % groups, warps_per_group = NWARPS / groups;
+  float* mx = red + NWARPS * 129;  // red: [NWARPS][128 + 1] (+1: the warp's weight sum), then the warp maxima
   const float* ws_o = static_cast<const float*>(p.workspace);
   const float* lse_s = ws_o + (long long)p.B * S * R * KDTR_DV + (long long)b * S * R + row;  // stride R
 
-  float M = kdtr::neg_inf();
-  for (int s = threadIdx.x; s < S; s += 32 * COMBINE_WARPS) M = fmaxf(M, lse_s[(long long)s * R]);
-  M = kdtr::warp_max<32>(M);
+  float M = neg_inf();
+  for (int s = warp * 32 + lane; s < S; s += 32 * NWARPS) M = fmaxf(M, __ldcg(lse_s + (long long)s * R));
+  M = warp_max<32>(M);
   if (lane == 0) mx[warp] = M;
-  __syncthreads();
+  sync();
   M = mx[0];
 #pragma unroll
-  for (int w = 1; w < COMBINE_WARPS; ++w) M = fmaxf(M, mx[w]);
+  for (int w = 1; w < NWARPS; ++w) M = fmaxf(M, mx[w]);
 
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
   float wsum = 0.f;
   const int c4 = (col0 + group * 128) / 4 + lane;  // this lane's float4 of a partial row
 #pragma unroll 4
   for (int s = warp / groups; s < S; s += warps_per_group) {
-    const float ls = lse_s[(long long)s * R];
-    if (ls == kdtr::neg_inf()) continue;
-    const float w = exp2f((ls - M) * kdtr::LOG2E);
+    const float ls = __ldcg(lse_s + (long long)s * R);
+    if (ls == neg_inf()) continue;
+    const float w = exp2f((ls - M) * LOG2E);
     wsum += w;
-    const float4 x = reinterpret_cast<const float4*>(ws_o + (((long long)b * S + s) * R + row) * KDTR_DV)[c4];
+    const float4 x = __ldcg(reinterpret_cast<const float4*>(ws_o + (((long long)b * S + s) * R + row) * KDTR_DV) + c4);
     acc.x += w * x.x;
     acc.y += w * x.y;
     acc.z += w * x.z;
     acc.w += w * x.w;
   }
-  red[warp][4 * lane + 0] = acc.x;
-  red[warp][4 * lane + 1] = acc.y;
-  red[warp][4 * lane + 2] = acc.z;
-  red[warp][4 * lane + 3] = acc.w;
-  if (lane == 0) red[warp][128] = wsum;
-  __syncthreads();
+  float* mine = red + warp * 129;
+  mine[4 * lane + 0] = acc.x;
+  mine[4 * lane + 1] = acc.y;
+  mine[4 * lane + 2] = acc.z;
+  mine[4 * lane + 3] = acc.w;
+  if (lane == 0) mine[128] = wsum;
+  sync();
   float total = 0.f;  // every group saw every split once: the weights of group 0's warps
-  for (int w = 0; w < COMBINE_WARPS; w += groups) total += red[w][128];
+  for (int w = 0; w < NWARPS; w += groups) total += red[w * 129 + 128];
   const float inv = 1.f / total;
   OutT* out = static_cast<OutT*>(p.out) + ((long long)b * R + row) * KDTR_DV + col0;
-  for (int c = 2 * threadIdx.x; c < cols; c += 2 * 32 * COMBINE_WARPS) {
+  for (int c = 2 * (warp * 32 + lane); c < cols; c += 2 * 32 * NWARPS) {
     const int gc = c / 128, cc = c % 128;
     float x = 0.f, y = 0.f;
-    for (int w = gc; w < COMBINE_WARPS; w += groups) {
-      x += red[w][cc];
-      y += red[w][cc + 1];
+    for (int w = gc; w < NWARPS; w += groups) {
+      x += red[w * 129 + cc];
+      y += red[w * 129 + cc + 1];
     }
-    kdtr::store2<OutT>(out + c, x * inv, y * inv);
+    store2<OutT>(out + c, x * inv, y * inv);
   }
-  if (blockIdx.z == 0 && threadIdx.x == 0) p.lse[(long long)b * R + row] = M + logf(total);
+  if (col0 == 0 && warp == 0 && lane == 0) p.lse[(long long)b * R + row] = M + logf(total);
+  sync();  // red is reused by the next row
+}
+
+// The merge inside a main kernel, for a grid whose CTAs are all resident at once (one wave: a CTA
+// that waits here never keeps an unscheduled split from running; kdtr/flash.py checks). Called by
+// NWARPS warps (thread t: 0 .. 32 * NWARPS - 1) of every CTA of (request b, row tile rt) once this
+// CTA's partials are written. Each CTA fences them and takes a ticket; the merge units are (row,
+// 128-column group) of rows [r0, r0 + nrows), unit u going to ticket u % num_splits, so tickets at
+// or past the unit count just leave. A merging CTA waits until every split has arrived. The last
+// merger to finish zeroes the two counters for the next launch.
+template <typename OutT, int NWARPS, typename Sync>
+__device__ __forceinline__ void merge_in_kernel(const KdtrParams& p, int b, int rt, int r0, int nrows, int t,
+                                                float* red, int* ticket_s, Sync sync) {
+  const int R = p.T * p.H, S = p.num_splits, units = nrows * (KDTR_DV / 128);
+  const int row_tiles = (R + 63) / 64;  // flash-sm90's 64-row tiles
+  unsigned* ctr = reinterpret_cast<unsigned*>(static_cast<float*>(p.workspace) + (long long)p.B * S * R * (KDTR_DV + 1)) +
+                  2 * ((long long)b * row_tiles + rt);  // [arrived, merged]
+  __threadfence();  // this thread's partials before the ticket (the caller's barrier orders the rest)
+  sync();
+  if (t == 0) *ticket_s = atomicAdd(ctr, 1u);
+  sync();
+  const int ticket = *ticket_s;
+  if (ticket >= units) return;  // nothing to merge here
+  if (t == 0) {
+    unsigned n;
+    while (true) {
+      asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(n) : "l"(ctr) : "memory");
+      if (n >= (unsigned)S) break;
+      __nanosleep(64);
+    }
+  }
+  sync();  // every split's partials are visible from here (their fence, then the acquire above)
+  for (int u = ticket; u < units; u += S)
+    merge_row<OutT, NWARPS>(p, r0 + u / 4, b, (u % 4) * 128, 128, t >> 5, t & 31, red, sync);
+  if (t == 0 && atomicAdd(ctr + 1, 1u) == (unsigned)min(S, units) - 1) {
+    ctr[0] = 0u;  // every merger is past its wait: the counters start the next launch at zero
+    ctr[1] = 0u;
+  }
+}
+
+}  // namespace kdtr
+
+// One CTA per (row, request, column chunk): kdtr::merge_row over the chunk's columns. Decode
+// batches (few rows) run 4 chunks so the merge streams on more SMs; large batches one, which keeps
+// the CTA count (and its fixed cost) down (kdtr/flash.py picks). Chunk 0 writes lse.
+template <typename OutT>
+__global__ void __launch_bounds__(32 * COMBINE_WARPS) kdtr_flash_combine(const KdtrParams p) {
+  __shared__ float red[COMBINE_RED_FLOATS];
+  const int cols = KDTR_DV / gridDim.z;
+  kdtr::merge_row<OutT, COMBINE_WARPS>(p, blockIdx.x, blockIdx.y, blockIdx.z * cols, cols, threadIdx.x >> 5,
+                                       threadIdx.x & 31, red, [] { __syncthreads(); });
 }

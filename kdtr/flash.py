@@ -38,6 +38,8 @@ class FlashVariant:
     """Row tiles (m-tiles of 16 rows) it is instantiated for."""
     arch: str | None = None
     """Compile target when not the device's own (sm_90a: wgmma needs the arch-specific target)."""
+    merges_in_kernel: bool = False
+    """The main kernel takes {merge}: 1 merges the splits itself on one-wave grids (no combine launch)."""
 
     def mt_for(self, rows: int) -> int:
         return row_tile_m(rows) if len(self.mts) > 1 else self.mts[0]
@@ -49,8 +51,9 @@ MMA = FlashVariant(
      "COMBINE_THREADS", "COMBINE_MAX_CHUNKS"),
     (1, 2, 4))
 SM90 = FlashVariant(
-    CUDA_DIR / "flash_sm90.cu", "kdtr_flash90_verify<{out}, {bug}>", "kdtr_flash90_config",
-    ("BN", "STAGES", "MAX_T", "SMEM_MT4", "THREADS_MT4", "COMBINE_THREADS", "COMBINE_MAX_CHUNKS"), (4,), "sm_90a")
+    CUDA_DIR / "flash_sm90.cu", "kdtr_flash90_verify<{out}, {bug}, {merge}>", "kdtr_flash90_config",
+    ("BN", "STAGES", "MAX_T", "SMEM_MT4", "THREADS_MT4", "COMBINE_THREADS", "COMBINE_MAX_CHUNKS"), (4,), "sm_90a",
+    merges_in_kernel=True)
 
 NS_PER_KEY = 50.0
 """Model: one CTA's time per key of a full tile (~max of MMA time and KV bytes at one SM's share)."""
@@ -59,6 +62,9 @@ COMBINE_BYTES_PER_NS = 3000.0
 LAUNCH_NS = 3000.0
 """Model: the extra combine launch."""
 MIN_KEYS_PER_SPLIT = 64
+MERGE_UNITS_PER_ROW = 512 // 128
+"""The in-kernel merge works in (row, 128-column group) units, one CTA's 8 warps sharing a unit's
+splits (cuda/flash_split.cuh, merge_in_kernel); it is used only while no CTA gets two units."""
 
 
 @dataclass(frozen=True)
@@ -73,14 +79,17 @@ class FlashPlan:
     """KV splits per request (CTAs along y); > 1 adds the combine launch."""
     B: int
     """Requests (CTAs along z)."""
+    merge: bool = False
+    """The main kernel merges the splits (one-wave grid, kernel able to); else the combine launch does."""
 
     @property
     def grid(self) -> tuple[int, int, int]:
         return (self.row_tiles, self.splits, self.B)
 
     def workspace_bytes(self, T: int, H: int) -> int:
-        """fp32 partial out [B, S, R, 512] + partial lse [B, S, R], when splits > 1."""
-        return 0 if self.splits == 1 else self.B * self.splits * T * H * (512 + 1) * 4
+        """fp32 partial out [B, S, R, 512] + partial lse [B, S, R] + uint32 merge counters [B, row tiles, 2],
+        when splits > 1 (cuda/flash_split.cuh)."""
+        return 0 if self.splits == 1 else self.B * self.splits * T * H * (512 + 1) * 4 + self.B * self.row_tiles * 8
 
 
 def row_tile_m(rows: int) -> int:
@@ -119,15 +128,22 @@ def combine_chunks(rows_total: int, sm_count: int, max_chunks: int) -> int:
 
 
 def plan(B: int, T: int, H: int, prefix_max: int, sm_count: int, bug: int = 0, mt: int | None = None,
-         ctas_per_sm: int = 1, splits: int | None = None) -> FlashPlan:
-    """Launch geometry; ``mt`` / ``splits`` force the row tile / split count (experiments)."""
+         ctas_per_sm: int = 1, splits: int | None = None, can_merge: bool = False) -> FlashPlan:
+    """Launch geometry; ``mt`` / ``splits`` force the row tile / split count (experiments).
+
+    ``can_merge``: the kernel can merge its splits itself. It does when every CTA is resident at
+    once (a merging CTA waits for the other splits of its row tile, which must not be waiting for
+    a slot) and each split merges one unit at most: a second unit in a row made Kimi T9 decode
+    slower than the combine launch (docs/PERF.md, session 4)."""
     rows = T * H
     mt = mt or row_tile_m(rows)
     row_tiles = math.ceil(rows / (16 * mt))
     splits = splits or choose_splits(prefix_max, row_tiles * B, rows, B, sm_count * ctas_per_sm)
     if bug == Bug.MERGE_WRONG_MAX:
         splits = max(2, splits)  # the planted merge bug needs a merge
-    return FlashPlan(mt, row_tiles, splits, B)
+    units = min(rows, 16 * mt) * MERGE_UNITS_PER_ROW  # of the fullest row tile
+    merge = can_merge and splits > 1 and units <= splits and row_tiles * splits * B <= sm_count * ctas_per_sm
+    return FlashPlan(mt, row_tiles, splits, B, merge)
 
 
 class FlashKernel:
@@ -162,8 +178,9 @@ class FlashKernel:
     def steps(self, dp):
         """([(Loaded, grid, block, smem)], workspace_bytes, num_splits): main kernel (+ combine).
 
-        KDTR_FLASH_MT=1|2|4 forces the row tile of ``flash``, KDTR_FLASH_SPLITS=N the split count (for
-        experiments; docs/PERF.md)."""
+        KDTR_FLASH_MT=1|2|4 forces the row tile of ``flash``, KDTR_FLASH_SPLITS=N the split count,
+        KDTR_FLASH_MERGE=0 the combine launch instead of flash-sm90's in-kernel merge (for experiments;
+        docs/PERF.md)."""
         import os
 
         from kdtr.launch import CTYPES, device_info
@@ -172,15 +189,18 @@ class FlashKernel:
         forced_mt = int(os.environ.get("KDTR_FLASH_MT", 0))
         mt = forced_mt if forced_mt in v.mts else v.mt_for(pr.T * pr.H)
         out_t, cfg = CTYPES[dp.out_dtype], self.config()
-        main = self._load(v.main.format(mt=mt, out=out_t, bug=self.bug))
         threads, smem = cfg[f"THREADS_MT{mt}"], cfg[f"SMEM_MT{mt}"]
+        main = self._load(v.main.format(mt=mt, out=out_t, bug=self.bug, merge=0))  # same registers either way
         regs = next(iter(main.compiled.resources.values())).registers if main.compiled.resources else 255
         per_sm = occupancy(threads, regs, smem, info["regs_per_sm"], info["smem_per_sm"])
         forced_splits = max(0, int(os.environ.get("KDTR_FLASH_SPLITS") or 0))
+        can_merge = v.merges_in_kernel and os.environ.get("KDTR_FLASH_MERGE", "1") != "0"
         pl = plan(pr.B, pr.T, pr.H, int(pr.prefix_lens.max()), info["sm_count"], self.bug, mt, per_sm,
-                  forced_splits or None)
+                  forced_splits or None, can_merge)
+        if pl.merge:
+            main = self._load(v.main.format(mt=mt, out=out_t, bug=self.bug, merge=1))
         steps = [(main, pl.grid, (threads, 1, 1), smem)]
-        if pl.splits > 1:
+        if pl.splits > 1 and not pl.merge:
             chunks = combine_chunks(pr.T * pr.H * pr.B, info["sm_count"], cfg["COMBINE_MAX_CHUNKS"])
             steps.append((self._load(COMBINE.format(out=out_t)), (pr.T * pr.H, pr.B, chunks),
                           (cfg["COMBINE_THREADS"], 1, 1), 0))

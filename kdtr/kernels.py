@@ -155,7 +155,9 @@ def compile_targets() -> list[tuple[Path, list[str], tuple[str, ...]]]:
     naive = [NAIVE_TEMPLATE.format(kv=CTYPES[kv], out=CTYPES[o], bug=int(b)) for kv in DTYPES for o in DTYPES for b in Bug]
     targets = [(NAIVE_SOURCE, naive, ALL_ARCHS)]
     for variant, _ in FLASH_VARIANTS.values():
-        exprs = [variant.main.format(mt=mt, out=CTYPES[o], bug=int(b)) for mt in variant.mts for o in DTYPES for b in Bug]
+        merges = (0, 1) if variant.merges_in_kernel else (0,)
+        exprs = [variant.main.format(mt=mt, out=CTYPES[o], bug=int(b), merge=m)
+                 for mt in variant.mts for o in DTYPES for b in Bug for m in merges]
         combine = [flash.COMBINE.format(out=CTYPES[o]) for o in DTYPES]
         targets.append((variant.source, exprs + combine, (variant.arch,) if variant.arch else ALL_ARCHS))
     return targets

@@ -11,6 +11,8 @@
 #   sm90  : flash-sm90 block errors (stops there on failure), ci verify, bugs, timing against flash
 #   final : flash-sm90 and flash on the long suite, then flash-sm90 on the compute and memory sets against torch eager
 #   combine: both flash kernels on ci (--repeat 3) and their planted bugs, then scripts/time_steps.py
+#   verify: every built-in kernel on ci, every planted bug, flash-sm90 under memcheck/racecheck
+#   merge : flash-sm90's in-kernel merge: ci, bugs, timings with KDTR_FLASH_MERGE=0/1
 #   sol   : both flash kernels on ci and their bugs, then scripts/sol_probe.py (bare-read speed of light, flush A/B)
 #   ablate: flash-sm90 experiment knobs (KDTR_F90_STAGES=3/4): block errors, then timings
 #   ncu   : stall reasons and pipe use of one flash-sm90 launch (compute and memory shape)
@@ -105,6 +107,34 @@ for mode in "${@:-check}"; do
       tail -n 2 "$LOGS/pytest_flash.log" >>"$SUMMARY"
       stage time_steps timeout 120 python3 scripts/time_steps.py flash-sm90
       grep -v Warn "$LOGS/time_steps.log" >>"$SUMMARY"
+      ;;
+    verify)  # every built-in kernel on ci (--repeat 3), every planted bug, flash-sm90 under memcheck and racecheck
+      for k in naive flash flash-sm90; do
+        stage verify_${k}_ci timeout 90 $KDTR verify -k $k ci --repeat 3 --json "$LOGS/verify_${k}_ci.json"
+        tail -n 1 "$LOGS/verify_${k}_ci.log" >>"$SUMMARY"
+      done
+      stage pytest_verify timeout 240 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_verify.py
+      tail -n 2 "$LOGS/pytest_verify.log" >>"$SUMMARY"
+      for tool in memcheck racecheck; do
+        (timeout 200 $KDTR verify -k flash-sm90 ci --sanitize $tool --json "$LOGS/san_flash-sm90_$tool.json" \
+           >"$LOGS/san_flash-sm90_$tool.log" 2>&1; echo "flash-sm90 $tool rc=$?" >>"$LOGS/san_rc.txt") &
+      done
+      wait
+      cat "$LOGS/san_rc.txt" >>"$SUMMARY"
+      for f in "$LOGS"/san_*.log; do tail -n 1 "$f" | sed "s|^ *|$(basename "$f" .log): |" >>"$SUMMARY"; done
+      cp "$LOGS"/san_flash-sm90_*.json "$OUT/" 2>/dev/null
+      ;;
+    merge)  # flash-sm90's in-kernel split merge: ci and bugs of both flash kernels, then timings with and without it
+      for k in flash flash-sm90; do
+        stage verify_${k}_ci timeout 90 $KDTR verify -k $k ci --repeat 3 --json "$LOGS/verify_${k}_ci.json"
+        tail -n 1 "$LOGS/verify_${k}_ci.log" >>"$SUMMARY"
+      done
+      stage pytest_flash timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_verify.py -k "flash and not long"
+      tail -n 3 "$LOGS/pytest_flash.log" >>"$SUMMARY"
+      for m in 0 1; do
+        KDTR_FLASH_MERGE=$m stage ablate_merge$m timeout 150 python3 scripts/sm90_ablate.py merge$m=""
+        grep -v Warn "$LOGS/ablate_merge$m.log" | tail -n 24 >>"$SUMMARY"
+      done
       ;;
     sol)  # both flash kernels on ci and their bugs, then the decode speed-of-light probe (flush A/B)
       for k in flash flash-sm90; do

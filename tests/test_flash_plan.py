@@ -31,9 +31,24 @@ def test_no_prefix_no_split_but_the_merge_bug_forces_one():
     assert plan(B=2, T=17, H=16, prefix_max=0, sm_count=H200_SMS, bug=Bug.MERGE_WRONG_MAX).splits == 2
 
 
-def test_workspace_holds_partial_out_and_lse():
+def test_workspace_holds_partial_out_lse_and_merge_counters():
     pl = plan(B=2, T=5, H=8, prefix_max=4096, sm_count=H200_SMS)
-    assert pl.workspace_bytes(5, 8) == 2 * pl.splits * 40 * 513 * 4 if pl.splits > 1 else 0
+    assert pl.splits > 1 and pl.workspace_bytes(5, 8) == 2 * pl.splits * 40 * 513 * 4 + 2 * pl.row_tiles * 8
+    assert plan(B=2, T=5, H=8, prefix_max=0, sm_count=H200_SMS).workspace_bytes(5, 8) == 0
+
+
+def test_in_kernel_merge_only_on_one_wave_grids_with_a_unit_per_split():
+    """A merging CTA waits for its row tile's other splits: they must all be resident (one wave);
+    and no split merges two (row, 128-column) units (Kimi T9 decode was slower that way)."""
+    decode = plan(B=1, T=1, H=8, prefix_max=32768, sm_count=H200_SMS, mt=4, can_merge=True)
+    assert decode.merge and decode.row_tiles * decode.splits <= H200_SMS
+    assert not plan(B=1, T=1, H=8, prefix_max=32768, sm_count=H200_SMS, mt=4).merge  # kernel cannot
+    assert not plan(B=1, T=1, H=8, prefix_max=32768, sm_count=H200_SMS, mt=4, can_merge=True, splits=200).merge
+    assert not plan(B=8, T=65, H=16, prefix_max=8192, sm_count=H200_SMS, mt=4, can_merge=True).merge  # waves
+    few = plan(B=32, T=1, H=8, prefix_max=32768, sm_count=H200_SMS, mt=4, can_merge=True)
+    assert few.splits < 32 and not few.merge  # 8 rows x 4 units need 32 splits
+    t9 = plan(B=1, T=9, H=8, prefix_max=32768, sm_count=H200_SMS, mt=4, can_merge=True)
+    assert t9.row_tiles * t9.splits <= H200_SMS and t9.splits < 64 * 4 and not t9.merge
 
 
 def test_occupancy_counts_registers_and_shared_memory():

@@ -66,3 +66,40 @@ def test_planted_bug_fails_ci(ci_paths, name, bug: Bug):
 def test_builtin_kernel_passes_long(name):
     rep = run_verify(resolve_kernel(name), find_bundles(["long"], jobs=max(1, (os.cpu_count() or 2) // 2)))
     assert not rep.failed, _describe(rep)
+
+
+@pytest.mark.parametrize("merge", ["1", "0"])
+def test_flash_sm90_both_merges_are_exact_relaunchable_and_catch_the_merge_bug(merge, monkeypatch):
+    """flash-sm90 merges its splits in the main kernel on one-wave decode grids (counters in the
+    workspace) or through the combine launch: both match the reference on a two-request decode,
+    a launcher run four times gives the bits of one run and leaves the counters at zero, and the
+    planted merge bug fails on both paths (ci's shapes mostly take the combine launch)."""
+    import numpy as np
+
+    from kdtr.cases import CaseSpec, build_problem
+    from kdtr.compare import compare
+    from kdtr.launch import DeviceProblem, make_launcher
+    from kdtr.reference import reference
+    from kdtr.tolerances import default
+
+    if device_arch() != "sm_90":
+        pytest.skip("flash-sm90 needs an sm_90 GPU")
+    monkeypatch.setenv("KDTR_FLASH_MERGE", merge)
+    spec = CaseSpec(model="kimi-k2", heads=8, prefix_lens=(6000, 2500), family="root", budget=0, page_size=64)
+    prob, _ = build_problem(spec)
+    want, tol = reference(prob)[0], default(spec.kv_dtype, spec.out_dtype, "out")
+    dp = DeviceProblem(prob, spec.out_dtype)
+    steps, ws, splits = resolve_kernel("flash-sm90").steps(dp)
+    assert splits >= 32 and len(steps) == (1 if merge == "1" else 2)
+    go = make_launcher(dp, steps, ws, splits)
+    go()
+    once = dp.download()[0].copy()
+    for _ in range(3):
+        go()
+    again = dp.download()[0]
+    assert np.array_equal(once, again)
+    assert not compare(again, want, tol).status.failed
+    n = prob.B * -(-prob.T * prob.H // 64) * 2  # uint32 counters [B, row tiles, 2] end the workspace
+    assert int(go.workspace[-n * 4:].get().view(np.uint32).sum()) == 0
+    buggy = resolve_kernel(variant_name("flash-sm90", Bug.MERGE_WRONG_MAX)).run(prob, spec.out_dtype)
+    assert compare(buggy.out, want, tol).status.failed
