@@ -309,7 +309,7 @@ def bench_run(specs, kernel_specs, baseline_names, peaks: dict, check: bool, dev
     from kdtr.timing import FLUSH_MODE
 
     return {"peaks": {k: v for k, v in peaks.items() if k not in ("copy", "gemm")}, "rows": [asdict(r) for r in rows],
-            "impls": [i.name for i in impls], "l2_flush": FLUSH_MODE}
+            "impls": [i.name for i in impls], "l2_flush": FLUSH_MODE, "gpu_held_during_enqueue": True}
 
 
 def _bench_multi(specs, kernel_specs, baseline_names, peaks, check, devices):

@@ -14,6 +14,22 @@ from kdtr.launch import _cupy, device_info
 FLUSH_MODE = "read"
 """How time_launcher empties the L2 between repetitions by default (recorded in bench JSON)."""
 
+_HOLD = r"""
+extern "C" __global__ void kdtr_hold(unsigned long long ns) {  // one thread spins ns on the GPU clock
+  unsigned long long t0, t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  do {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  } while (t - t0 < ns);
+}
+"""
+
+
+def hold_ns(enqueue_s: float) -> int:
+    """How long the GPU waits before each timed repetition: longer than the host takes to enqueue
+    it (1.5x + 20 us, at most 50 ms), so the events time device work, never Python's launch loop."""
+    return int(min(50e-3, 1.5 * max(enqueue_s, 0.0) + 20e-6) * 1e9)
+
 
 def time_launcher(fn, *, flush_bytes: int = 0, flush_mode: str = FLUSH_MODE, warmup_ms: float = 25.0,
                   budget_ms: float = 1500.0, min_reps: int = 10, max_reps: int = 400, noise: float = 0.02) -> dict:
@@ -24,8 +40,11 @@ def time_launcher(fn, *, flush_bytes: int = 0, flush_mode: str = FLUSH_MODE, war
     repetition starts with a cold and clean L2. "write" overwrites it instead, as
     triton.testing.do_bench does; that leaves the L2 full of dirty lines whose write-back the timed
     kernel then pays: a bare 38 MB read takes 16.1 us after it and 12.4 us after a read flush on
-    the H200 (docs/PERF.md, session 4). Repetitions go on until the IQR is under ``noise`` of the
-    median (after min_reps) or the time budget is spent.
+    the H200 (docs/PERF.md, session 4). Then a one-thread kernel holds the GPU for longer than
+    the host needs to enqueue ``fn`` (hold_ns, from the warm-up), so a launch-bound ``fn`` (torch
+    eager issues dozens of small kernels per call) is timed by its device work, not by Python.
+    Repetitions go on until the IQR is under ``noise`` of the median (after min_reps) or the time
+    budget is spent.
     """
     import time as _time
 
@@ -33,13 +52,17 @@ def time_launcher(fn, *, flush_bytes: int = 0, flush_mode: str = FLUSH_MODE, war
         raise ValueError(f"flush_mode must be 'read' or 'write', not {flush_mode!r}")
     cp = _cupy()
     flush = cp.empty(max(flush_bytes, 0) // 4, cp.int32) if flush_bytes else None
+    hold = cp.RawKernel(_HOLD, "kdtr_hold")
     t0 = _time.perf_counter()
-    n = 0
+    n, enqueue = 0, []
     while n < 2 or (_time.perf_counter() - t0) * 1e3 < warmup_ms:
+        e0 = _time.perf_counter()
         fn()
+        enqueue.append(_time.perf_counter() - e0)  # host time to enqueue (no sync inside fn)
         n += 1
         cp.cuda.runtime.deviceSynchronize()
     est_ms = (_time.perf_counter() - t0) * 1e3 / n
+    wait = np.uint64(hold_ns(float(np.median(enqueue[1:] or enqueue))))
     min_reps = max(3, min(min_reps, int(budget_ms / max(est_ms, 1e-3))))  # slow baselines: fewer reps
     times: list[float] = []
     t0 = _time.perf_counter()
@@ -49,6 +72,7 @@ def time_launcher(fn, *, flush_bytes: int = 0, flush_mode: str = FLUSH_MODE, war
                 flush.sum()  # a reduction: every byte read, one number written
             else:
                 flush.fill(len(times))
+        hold((1,), (1,), (wait,))  # the GPU idles while the host enqueues what the events time
         start, stop = cp.cuda.Event(), cp.cuda.Event()
         start.record()
         fn()

@@ -10,6 +10,7 @@
 #   quick : flash + naive timings on a few shapes, no baselines
 #   sm90  : flash-sm90 block errors (stops there on failure), ci verify, bugs, timing against flash
 #   final : flash-sm90 and flash on the long suite, then flash-sm90 on the compute and memory sets against torch eager
+#   sets  : only final's timings
 #   combine: both flash kernels on ci (--repeat 3) and their planted bugs, then scripts/time_steps.py
 #   verify: every built-in kernel on ci, every planted bug, flash-sm90 under memcheck/racecheck
 #   merge : flash-sm90's in-kernel merge: ci, bugs, timings with KDTR_FLASH_MERGE=0/1
@@ -42,6 +43,14 @@ stage() {  # stage NAME CMD...: run, log, record rc and seconds
   note "$(printf '%-28s rc=%-3s %5ss' "$name" "$rc" "$((SECONDS - t0))")"
   tar -czf "$OUT/logs.tgz" -C "$LOGS" .  # after every stage: a run cut short still brings its logs back
   return $rc
+}
+
+bench_sets() {  # flash-sm90 on the compute and memory shape sets against torch eager; JSON to $OUT
+  for set in compute memory; do
+    stage bench_f_$set timeout 120 $KDTR bench -k flash-sm90 --baselines eager --set $set --no-check --json "$LOGS/bench_f_$set.json"
+    cp "$LOGS/bench_f_$set.json" "$OUT/" 2>/dev/null
+  done
+  python3 scripts/bench_summary.py "$LOGS"/bench_f_*.json >>"$SUMMARY"
 }
 
 for mode in "${@:-check}"; do
@@ -86,17 +95,16 @@ for mode in "${@:-check}"; do
       stage pytest_sm90 timeout 90 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_verify.py -k sm90
       tail -n 4 "$LOGS/pytest_sm90.log" >>"$SUMMARY"
       ;;
-    final)  # flash-sm90: the long suite, then the compute and memory sets against torch eager
+    final)  # flash-sm90 and flash on the long suite, then the compute and memory sets against torch eager
       OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 stage gen_long timeout 100 $KDTR gen --suite long -j 14 --out "$KDTR_CACHE_DIR/suites/long"
       stage verify_sm90_long timeout 60 $KDTR verify -k flash-sm90 long --json "$LOGS/verify_sm90_long.json"
       tail -n 2 "$LOGS/verify_sm90_long.log" >>"$SUMMARY"
       stage verify_flash_long timeout 90 $KDTR verify -k flash long --json "$LOGS/verify_flash_long.json"
       tail -n 2 "$LOGS/verify_flash_long.log" >>"$SUMMARY"
-      for set in compute memory; do
-        stage bench_f_$set timeout 80 $KDTR bench -k flash-sm90 --baselines eager --set $set --no-check --json "$LOGS/bench_f_$set.json"
-        cp "$LOGS/bench_f_$set.json" "$OUT/" 2>/dev/null
-      done
-      python3 scripts/bench_summary.py "$LOGS"/bench_f_*.json >>"$SUMMARY"
+      bench_sets
+      ;;
+    sets)  # flash-sm90 on the compute and memory sets against torch eager (final's timings alone)
+      bench_sets
       ;;
     combine)  # both flash kernels after a change to their shared split plan / combine: ci, bugs, step timings
       for k in flash flash-sm90; do

@@ -113,3 +113,12 @@ def test_timing_rejects_an_unknown_flush_mode_before_touching_a_gpu():
     assert FLUSH_MODE == "read"  # a written flush bills the timed kernel for its dirty lines (docs/PERF.md)
     with pytest.raises(ValueError, match="flush_mode"):
         time_launcher(lambda: None, flush_bytes=1 << 20, flush_mode="zero")
+
+
+def test_the_gpu_is_held_longer_than_the_host_enqueues():
+    """Events time device work only if the GPU waits until the host has queued the whole call."""
+    from kdtr.timing import hold_ns
+
+    assert hold_ns(0.0) == 20_000  # a floor for a cheap launch
+    assert hold_ns(1e-3) >= 1.5e6  # a launch-bound baseline's host loop stays hidden
+    assert hold_ns(10.0) == 50_000_000  # capped
