@@ -71,9 +71,9 @@ namespace kdtr {
 // Merges output row `row` of request b, columns [col0, col0 + cols) (cols: 128, 256 or 512), from
 // the splits' partials: out = sum_s w_s o_s / sum_s w_s with w_s = exp(lse_s - max lse). The
 // NWARPS calling warps (warp, lane) are spread over the 128-column groups and, within a group, over
-// the splits, 4 partial rows in flight per warp; their sums meet in `red` (COMBINE_RED_FLOATS of
-// shared memory); `sync` is a barrier of those warps. Partials are read through L2 (ld.cg): other
-// CTAs of the same grid may have written them. The call with col0 == 0 writes lse.
+// the splits, 8 partial rows in flight per warp; their sums meet in `red` (COMBINE_RED_FLOATS of
+// shared memory); `sync` is a barrier of those warps. In-kernel, other CTAs of the grid wrote the
+// partials: merge_in_kernel's acquire and barrier make them visible first. col0 == 0 writes lse.
 template <typename OutT, int NWARPS, typename Sync>
 __device__ __forceinline__ void merge_row(const KdtrParams& p, int row, int b, int col0, int cols, int warp, int lane,
                                           float* red, Sync sync) {
@@ -84,7 +84,7 @@ __device__ __forceinline__ void merge_row(const KdtrParams& p, int row, int b, i
   const float* lse_s = ws_o + (long long)p.B * S * R * KDTR_DV + (long long)b * S * R + row;  // stride R
 
   float M = neg_inf();
-  for (int s = warp * 32 + lane; s < S; s += 32 * NWARPS) M = fmaxf(M, __ldcg(lse_s + (long long)s * R));
+  for (int s = warp * 32 + lane; s < S; s += 32 * NWARPS) M = fmaxf(M, lse_s[(long long)s * R]);
   M = warp_max<32>(M);
   if (lane == 0) mx[warp] = M;
   sync();
@@ -95,17 +95,30 @@ __device__ __forceinline__ void merge_row(const KdtrParams& p, int row, int b, i
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
   float wsum = 0.f;
   const int c4 = (col0 + group * 128) / 4 + lane;  // this lane's float4 of a partial row
-#pragma unroll 4
-  for (int s = warp / groups; s < S; s += warps_per_group) {
-    const float ls = __ldcg(lse_s + (long long)s * R);
-    if (ls == neg_inf()) continue;
-    const float w = exp2f((ls - M) * LOG2E);
-    wsum += w;
-    const float4 x = __ldcg(reinterpret_cast<const float4*>(ws_o + (((long long)b * S + s) * R + row) * KDTR_DV) + c4);
-    acc.x += w * x.x;
-    acc.y += w * x.y;
-    acc.z += w * x.z;
-    acc.w += w * x.w;
+  // 8 splits per step, their lse loads issued together (a bounds check or a `continue` between
+  // them had made two dependent L2 trips of every split: lse, then the row). An index past S
+  // reads split S - 1 again with weight 0; every partial row is written (zeros for a split that
+  // saw no key of the row), and a zero weight adds nothing.
+  constexpr int BATCH = 8;
+  for (int s0 = warp / groups; s0 < S; s0 += BATCH * warps_per_group) {
+    float ls[BATCH];
+    float4 x[BATCH];
+#pragma unroll
+    for (int k = 0; k < BATCH; ++k) {
+      const int sk = min(s0 + k * warps_per_group, S - 1);
+      ls[k] = lse_s[(long long)sk * R];
+      x[k] = reinterpret_cast<const float4*>(ws_o + (((long long)b * S + sk) * R + row) * KDTR_DV)[c4];
+    }
+#pragma unroll
+    for (int k = 0; k < BATCH; ++k) {
+      const bool live = s0 + k * warps_per_group < S && ls[k] != neg_inf();
+      const float w = live ? exp2f((ls[k] - M) * LOG2E) : 0.f;
+      wsum += w;
+      acc.x += live ? w * x[k].x : 0.f;
+      acc.y += live ? w * x[k].y : 0.f;
+      acc.z += live ? w * x[k].z : 0.f;
+      acc.w += live ? w * x[k].w : 0.f;
+    }
   }
   float* mine = red + warp * 129;
   mine[4 * lane + 0] = acc.x;
@@ -156,7 +169,7 @@ __device__ __forceinline__ void merge_in_kernel(const KdtrParams& p, int b, int 
     while (true) {
       asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(n) : "l"(ctr) : "memory");
       if (n >= (unsigned)S) break;
-      __nanosleep(64);
+      __nanosleep(32);
     }
   }
   sync();  // every split's partials are visible from here (their fence, then the acquire above)

@@ -11,6 +11,7 @@
 #   sm90  : flash-sm90 block errors (stops there on failure), ci verify, bugs, timing against flash
 #   final : flash-sm90 and flash on the long suite, then flash-sm90 on the compute and memory sets against torch eager
 #   sets  : only final's timings
+#   flashci: both flash kernels on ci and every flash GPU test
 #   combine: both flash kernels on ci (--repeat 3) and their planted bugs, then scripts/time_steps.py
 #   verify: every built-in kernel on ci, every planted bug, flash-sm90 under memcheck/racecheck
 #   merge : flash-sm90's in-kernel merge: ci, bugs, timings with KDTR_FLASH_MERGE=0/1
@@ -105,6 +106,14 @@ for mode in "${@:-check}"; do
       ;;
     sets)  # flash-sm90 on the compute and memory sets against torch eager (final's timings alone)
       bench_sets
+      ;;
+    flashci)  # both flash kernels on ci (--repeat 3) and every flash GPU test (planted bugs, both merges)
+      for k in flash flash-sm90; do
+        stage verify_${k}_ci timeout 90 $KDTR verify -k $k ci --repeat 3 --json "$LOGS/verify_${k}_ci.json"
+        tail -n 1 "$LOGS/verify_${k}_ci.log" >>"$SUMMARY"
+      done
+      stage pytest_flash timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_verify.py -k "flash and not long"
+      tail -n 2 "$LOGS/pytest_flash.log" >>"$SUMMARY"
       ;;
     combine)  # both flash kernels after a change to their shared split plan / combine: ci, bugs, step timings
       for k in flash flash-sm90; do
