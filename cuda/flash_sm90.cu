@@ -22,7 +22,11 @@
 //     with its 16-byte chunks XOR-ed by k % 8. A quarter warp copies one such row (whole lines
 //     from global memory, conflict-free stores). The same bytes are the K-major B of S = Q K^T and
 //     the MN-major B of O = P V: only the descriptors differ. A stage is refilled once both
-//     consumers' P V of its tile is done (each consumer copies columns the other reads).
+//     consumers' P V of its tile is done (each consumer copies columns the other reads); the
+//     refill is on the path to "P full", so it is short: one address per key, the 9 slabs at
+//     immediate offsets, the block-table entry read a tile earlier (docs/PERF.md, session 4).
+//   * Splits: partial (out, lse) merged by kdtr_flash_combine, or, on one-wave decode grids
+//     (MERGE = 1, kdtr/flash.py), by the last splits of each row tile inside this kernel.
 //   * Tree tail in the same pass: only tail tiles some row of the CTA sees are loaded; each row's
 //     mask word decides visibility. Full prefix tiles skip the mask arithmetic.
 //   * Hand-offs are named barriers: "P full" per stage (all 384 threads sync), "tile landed" per

@@ -1,12 +1,13 @@
-"""The flash kernels' launch plan and their two-launch run.
+"""The flash kernels' launch plan and their one- or two-launch run.
 
-Two kernels share the operator, the split plan, the workspace and the combine
+Two kernels share the operator, the split plan, the workspace and the merge
 (cuda/flash_split.cuh): ``flash`` (cuda/flash_verify.cu, mma.sync: sm_80, sm_90, sm_120) and
 ``flash-sm90`` (cuda/flash_sm90.cu, wgmma: sm_90a only). Each is a FlashVariant below.
 
 The plan is pure arithmetic on the shape and the SM count (testable without a GPU): the row
-tile (16, 32 or 64 rows), and the KV split count from a small cost model: waves of CTAs times
-the keys each CTA walks, plus the combine's traffic. Tile constants come from the compiled
+tile (16, 32 or 64 rows), the KV split count from a small cost model (waves of CTAs times the
+keys each CTA walks, plus the combine's traffic), and whether flash-sm90 merges the splits
+itself (one-wave decode grids) or a combine launch does. Tile constants come from the compiled
 module (its ``*_config`` array), never restated here.
 """
 
