@@ -46,6 +46,32 @@ stage() {  # stage NAME CMD...: run, log, record rc and seconds
   return $rc
 }
 
+ci_verify() {  # ci_verify KERNEL...: each on the ci suite, --repeat 3
+  for k in "$@"; do
+    stage verify_${k}_ci timeout 90 $KDTR verify -k $k ci --repeat 3 --json "$LOGS/verify_${k}_ci.json"
+    tail -n 1 "$LOGS/verify_${k}_ci.log" >>"$SUMMARY"
+  done
+}
+
+flash_tests() {  # every flash GPU test but the long suite: planted bugs of both kernels, both merge paths
+  stage pytest_flash timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_verify.py -k "flash and not long"
+  tail -n 2 "$LOGS/pytest_flash.log" >>"$SUMMARY"
+}
+
+sanitize_ci() {  # sanitize_ci KERNEL...: memcheck and racecheck on the ci suite, all at once; JSON to $OUT
+  for k in "$@"; do
+    for tool in memcheck racecheck; do
+      (timeout 200 $KDTR verify -k $k ci --sanitize $tool --json "$LOGS/san_${k}_$tool.json" \
+         >"$LOGS/san_${k}_$tool.log" 2>&1; echo "$k $tool rc=$?" >>"$LOGS/san_rc.txt") &
+    done
+  done
+  wait
+  cat "$LOGS/san_rc.txt" >>"$SUMMARY"
+  for f in "$LOGS"/san_*.log; do tail -n 1 "$f" | sed "s|^ *|$(basename "$f" .log): |" >>"$SUMMARY"; done
+  cp "$LOGS"/san_*.json "$OUT/" 2>/dev/null
+  tar -czf "$OUT/logs.tgz" -C "$LOGS" .
+}
+
 bench_sets() {  # flash-sm90 on the compute and memory shape sets against torch eager; JSON to $OUT
   for set in compute memory; do
     stage bench_f_$set timeout 120 $KDTR bench -k flash-sm90 --baselines eager --set $set --no-check --json "$LOGS/bench_f_$set.json"
@@ -108,58 +134,32 @@ for mode in "${@:-check}"; do
       bench_sets
       ;;
     flashci)  # both flash kernels on ci (--repeat 3) and every flash GPU test (planted bugs, both merges)
-      for k in flash flash-sm90; do
-        stage verify_${k}_ci timeout 90 $KDTR verify -k $k ci --repeat 3 --json "$LOGS/verify_${k}_ci.json"
-        tail -n 1 "$LOGS/verify_${k}_ci.log" >>"$SUMMARY"
-      done
-      stage pytest_flash timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_verify.py -k "flash and not long"
-      tail -n 2 "$LOGS/pytest_flash.log" >>"$SUMMARY"
+      ci_verify flash flash-sm90
+      flash_tests
       ;;
     combine)  # both flash kernels after a change to their shared split plan / combine: ci, bugs, step timings
-      for k in flash flash-sm90; do
-        stage verify_${k}_ci timeout 90 $KDTR verify -k $k ci --repeat 3 --json "$LOGS/verify_${k}_ci.json"
-        tail -n 1 "$LOGS/verify_${k}_ci.log" >>"$SUMMARY"
-      done
-      stage pytest_flash timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_verify.py -k flash
-      tail -n 2 "$LOGS/pytest_flash.log" >>"$SUMMARY"
+      ci_verify flash flash-sm90
+      flash_tests
       stage time_steps timeout 120 python3 scripts/time_steps.py flash-sm90
       grep -v Warn "$LOGS/time_steps.log" >>"$SUMMARY"
       ;;
     verify)  # every built-in kernel on ci (--repeat 3), every planted bug, flash-sm90 under memcheck and racecheck
-      for k in naive flash flash-sm90; do
-        stage verify_${k}_ci timeout 90 $KDTR verify -k $k ci --repeat 3 --json "$LOGS/verify_${k}_ci.json"
-        tail -n 1 "$LOGS/verify_${k}_ci.log" >>"$SUMMARY"
-      done
+      ci_verify naive flash flash-sm90
       stage pytest_verify timeout 240 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_verify.py
       tail -n 2 "$LOGS/pytest_verify.log" >>"$SUMMARY"
-      for tool in memcheck racecheck; do
-        (timeout 200 $KDTR verify -k flash-sm90 ci --sanitize $tool --json "$LOGS/san_flash-sm90_$tool.json" \
-           >"$LOGS/san_flash-sm90_$tool.log" 2>&1; echo "flash-sm90 $tool rc=$?" >>"$LOGS/san_rc.txt") &
-      done
-      wait
-      cat "$LOGS/san_rc.txt" >>"$SUMMARY"
-      for f in "$LOGS"/san_*.log; do tail -n 1 "$f" | sed "s|^ *|$(basename "$f" .log): |" >>"$SUMMARY"; done
-      cp "$LOGS"/san_flash-sm90_*.json "$OUT/" 2>/dev/null
+      sanitize_ci flash-sm90
       ;;
     merge)  # flash-sm90's in-kernel split merge: ci and bugs of both flash kernels, then timings with and without it
-      for k in flash flash-sm90; do
-        stage verify_${k}_ci timeout 90 $KDTR verify -k $k ci --repeat 3 --json "$LOGS/verify_${k}_ci.json"
-        tail -n 1 "$LOGS/verify_${k}_ci.log" >>"$SUMMARY"
-      done
-      stage pytest_flash timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_verify.py -k "flash and not long"
-      tail -n 3 "$LOGS/pytest_flash.log" >>"$SUMMARY"
+      ci_verify flash flash-sm90
+      flash_tests
       for m in 0 1; do
         KDTR_FLASH_MERGE=$m stage ablate_merge$m timeout 150 python3 scripts/sm90_ablate.py merge$m=""
         grep -v Warn "$LOGS/ablate_merge$m.log" | tail -n 24 >>"$SUMMARY"
       done
       ;;
     sol)  # both flash kernels on ci and their bugs, then the decode speed-of-light probe (flush A/B)
-      for k in flash flash-sm90; do
-        stage verify_${k}_ci timeout 90 $KDTR verify -k $k ci --repeat 3 --json "$LOGS/verify_${k}_ci.json"
-        tail -n 1 "$LOGS/verify_${k}_ci.log" >>"$SUMMARY"
-      done
-      stage pytest_flash timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_verify.py -k flash
-      tail -n 2 "$LOGS/pytest_flash.log" >>"$SUMMARY"
+      ci_verify flash flash-sm90
+      flash_tests
       stage sol_probe timeout 300 python3 scripts/sol_probe.py flash-sm90
       grep -v Warn "$LOGS/sol_probe.log" >>"$SUMMARY"
       ;;
@@ -212,16 +212,7 @@ for mode in "${@:-check}"; do
       tail -n 30 "$LOGS/pytest_robust.log" >>"$SUMMARY"
       ;;
     sanitize)  # built-in kernels ($SAN_KERNELS, default all three) under memcheck and racecheck on the ci suite, at once
-      for k in ${SAN_KERNELS:-naive flash flash-sm90}; do
-        for tool in memcheck racecheck; do
-          (timeout 200 $KDTR verify -k $k ci --sanitize $tool --json "$LOGS/san_${k}_$tool.json" \
-             >"$LOGS/san_${k}_$tool.log" 2>&1; echo "$k $tool rc=$?" >>"$LOGS/san_rc.txt") &
-        done
-      done
-      wait
-      cat "$LOGS/san_rc.txt" >>"$SUMMARY"
-      for f in "$LOGS"/san_*.log; do tail -n 1 "$f" | sed "s|^ *|$(basename "$f" .log): |" >>"$SUMMARY"; done
-      tar -czf "$OUT/logs.tgz" -C "$LOGS" .
+      sanitize_ci ${SAN_KERNELS:-naive flash flash-sm90}
       ;;
     devices)  # the same small sweep on one GPU and spread over every local GPU (--devices N)
       n=$(nvidia-smi -L | wc -l)
