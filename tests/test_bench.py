@@ -89,11 +89,11 @@ def test_committed_sweep_has_both_sets_and_every_baseline():
     d = json.loads(path.read_text())
     shapes = {(r["dims"]["model"], r["dims"]["T"], r["dims"]["P"], r["dims"]["B"]) for r in d["rows"]}
     assert len(shapes) == 30
+    assert "flash-sm90" in d["impls"] and "torch-eager" in d["impls"]
     for r in d["rows"]:
-        impls = {c["impl"] for c in r["cells"]}
-        assert impls == {"flash", "torch-eager", "torch-sdpa", "torch-flex"}
-        flash = next(c for c in r["cells"] if c["impl"] == "flash")
-        assert flash["status"] == "ok" and flash["median_ms"] > r["roofline_ms"]  # never faster than the floor
+        assert {c["impl"] for c in r["cells"]} == set(d["impls"])
+        for c in r["cells"]:
+            assert c["status"] == "ok" and c["median_ms"] > r["roofline_ms"]  # never faster than the floor
 
 
 def test_timing_without_a_gpu_is_a_clear_error():
