@@ -26,7 +26,8 @@
 //     refill is on the path to "P full", so it is short: one address per key, the 9 slabs at
 //     immediate offsets, the block-table entry read a tile earlier (docs/PERF.md, session 4).
 //   * Splits: partial (out, lse) merged by kdtr_flash_combine, or, on one-wave decode grids
-//     (MERGE = 1, kdtr/flash.py), by the last splits of each row tile inside this kernel.
+//     (MERGE = 1, kdtr/flash.py), inside this kernel by the first splits of each row tile to
+//     finish, once all have arrived (kdtr::merge_in_kernel).
 //   * Tree tail in the same pass: only tail tiles some row of the CTA sees are loaded; each row's
 //     mask word decides visibility. Full prefix tiles skip the mask arithmetic.
 //   * Hand-offs are named barriers: "P full" per stage (all 384 threads sync), "tile landed" per

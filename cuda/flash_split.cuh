@@ -154,7 +154,8 @@ __device__ __forceinline__ void merge_row(const KdtrParams& p, int row, int b, i
 template <typename OutT, int NWARPS, typename Sync>
 __device__ __forceinline__ void merge_in_kernel(const KdtrParams& p, int b, int rt, int r0, int nrows, int t,
                                                 float* red, int* ticket_s, Sync sync) {
-  const int R = p.T * p.H, S = p.num_splits, units = nrows * (KDTR_DV / 128);
+  constexpr int GROUPS = KDTR_DV / 128;  // 128-column units per row
+  const int R = p.T * p.H, S = p.num_splits, units = nrows * GROUPS;
   const int row_tiles = (R + 63) / 64;  // flash-sm90's 64-row tiles
   unsigned* ctr = reinterpret_cast<unsigned*>(static_cast<float*>(p.workspace) + (long long)p.B * S * R * (KDTR_DV + 1)) +
                   2 * ((long long)b * row_tiles + rt);  // [arrived, merged]
@@ -174,7 +175,7 @@ __device__ __forceinline__ void merge_in_kernel(const KdtrParams& p, int b, int 
   }
   sync();  // every split's partials are visible from here (their fence, then the acquire above)
   for (int u = ticket; u < units; u += S)
-    merge_row<OutT, NWARPS>(p, r0 + u / 4, b, (u % 4) * 128, 128, t >> 5, t & 31, red, sync);
+    merge_row<OutT, NWARPS>(p, r0 + u / GROUPS, b, (u % GROUPS) * 128, 128, t >> 5, t & 31, red, sync);
   if (t == 0 && atomicAdd(ctr + 1, 1u) == (unsigned)min(S, units) - 1) {
     ctr[0] = 0u;  // every merger is past its wait: the counters start the next launch at zero
     ctr[1] = 0u;

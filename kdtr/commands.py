@@ -306,10 +306,10 @@ def bench_run(specs, kernel_specs, baseline_names, peaks: dict, check: bool, dev
                 advance(s.name)
     from dataclasses import asdict
 
-    from kdtr.timing import FLUSH_MODE
+    from kdtr.timing import METHOD
 
     return {"peaks": {k: v for k, v in peaks.items() if k not in ("copy", "gemm")}, "rows": [asdict(r) for r in rows],
-            "impls": [i.name for i in impls], "l2_flush": FLUSH_MODE, "gpu_held_during_enqueue": True}
+            "impls": [i.name for i in impls], **METHOD}
 
 
 def _bench_multi(specs, kernel_specs, baseline_names, peaks, check, devices):

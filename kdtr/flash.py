@@ -19,6 +19,7 @@ from pathlib import Path
 
 from kdtr.bugs import Bug
 from kdtr.nvrtc import CUDA_DIR
+from kdtr.presets import DV
 
 COMBINE = "kdtr_flash_combine<{out}>"
 
@@ -63,7 +64,7 @@ COMBINE_BYTES_PER_NS = 3000.0
 LAUNCH_NS = 3000.0
 """Model: the extra combine launch."""
 MIN_KEYS_PER_SPLIT = 64
-MERGE_UNITS_PER_ROW = 512 // 128
+MERGE_UNITS_PER_ROW = DV // 128
 """The in-kernel merge works in (row, 128-column group) units, one CTA's 8 warps sharing a unit's
 splits (cuda/flash_split.cuh, merge_in_kernel); it is used only while no CTA gets two units."""
 
