@@ -26,8 +26,8 @@
 //     refill is on the path to "P full", so it is short: one address per key, the 9 slabs at
 //     immediate offsets, the block-table entry read a tile earlier (docs/PERF.md, session 4).
 //   * Splits: partial (out, lse) merged by kdtr_flash_combine, or, on one-wave decode grids
-//     (MERGE = 1, kdtr/flash.py), inside this kernel by the first splits of each row tile to
-//     finish, once all have arrived (kdtr::merge_in_kernel).
+//     (MERGE = 1, kdtr/flash.py), inside this kernel by the last splits of each row tile to
+//     finish (kdtr::merge_in_kernel).
 //   * Tree tail in the same pass: only tail tiles some row of the CTA sees are loaded; each row's
 //     mask word decides visibility. Full prefix tiles skip the mask arithmetic.
 //   * Hand-offs are named barriers: "P full" per stage (all 384 threads sync), "tile landed" per
@@ -45,8 +45,9 @@
 //   kdtr verify -k flash-sm90 ci     correctness on the committed goldens (needs an sm_90 GPU)
 //   kdtr bench  -k flash-sm90 --model deepseek-v3 --tp 8 --budget 64,256 --prefix 8k,32k
 //   Compiled for sm_90a only (kdtr.kernels.compile_targets); the launch plan is kdtr/flash.py's.
-//   Experiment knob (NVRTC -D, with -DKDTR_F90_EXPERIMENT to lift the 99 KB assert): KDTR_F90_STAGES=3
-//   or 4 (129 / 166 KB: copies one or two more tiles ahead; measured: no gain, docs/PERF.md).
+//   Experiment knobs (NVRTC -D): KDTR_F90_STAGES=3 or 4 with KDTR_F90_EXPERIMENT to lift the 99 KB
+//   assert (129 / 166 KB: copies one or two more tiles ahead; docs/PERF.md); KDTR_F90_PROFILE: cycles
+//   per main-loop section into kdtr_f90_prof (scripts/f90_profile.py).
 
 #include <cuda_bf16.h>
 
@@ -111,6 +112,41 @@ static_assert(32 * COMBINE_WARPS == 256 && (COMBINE_RED_FLOATS + 1) * 4 <= STAGE
 // Read by kdtr/flash.py (module.get_global) so the launcher never restates these numbers.
 extern "C" __constant__ int kdtr_flash90_config[7] = {f90::BN, f90::STAGES, f90::MAX_T, f90::Smem::bytes,
                                                       f90::NTHREADS, 32 * COMBINE_WARPS, COMBINE_MAX_CHUNKS};
+
+// Timing experiment (-DKDTR_F90_PROFILE, scripts/f90_profile.py): cycles each warpgroup spends in
+// each section of its main loop, summed over the CTAs into kdtr_f90_prof (one lane per warpgroup
+// adds). Slots: producer 0-4, consumers 5-9 (first consumer warpgroup), tiles walked 10, CTAs 11.
+// Without the knob every Laps call compiles to nothing.
+#ifdef KDTR_F90_PROFILE
+extern "C" __device__ unsigned long long kdtr_f90_prof[16] = {};
+#endif
+namespace f90 {
+constexpr int PROF_PRODUCER = 0, PROF_CONSUMER = 5;
+struct Laps {
+#ifdef KDTR_F90_PROFILE
+  static constexpr int PROF_TILES = 10, PROF_CTAS = 11;
+  long long t = 0, sum[5] = {0, 0, 0, 0, 0};
+  __device__ __forceinline__ void start() { t = clock64(); }
+  __device__ __forceinline__ void lap(int k) {
+    const long long n = clock64();
+    sum[k] += n - t;
+    t = n;
+  }
+  __device__ __forceinline__ void flush(int base, int n, int tiles) {
+    if ((threadIdx.x & 127) != 0) return;
+    for (int k = 0; k < n; ++k) atomicAdd(&kdtr_f90_prof[base + k], (unsigned long long)sum[k]);
+    if (base == PROF_PRODUCER) {
+      atomicAdd(&kdtr_f90_prof[PROF_TILES], (unsigned long long)tiles);
+      atomicAdd(&kdtr_f90_prof[PROF_CTAS], 1ull);
+    }
+  }
+#else
+  __device__ __forceinline__ void start() {}
+  __device__ __forceinline__ void lap(int) {}
+  __device__ __forceinline__ void flush(int, int, int) {}
+#endif
+};
+}  // namespace f90
 
 // ---------------------------------------------------------------------------------------------
 // device helpers (PTX wrappers)
@@ -256,7 +292,7 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
   const unsigned* mask_b = p.tree_mask + (long long)b * T * W;
 
   // ---- this CTA's keys: prefix range [kp_lo, kp_hi) of its split, plus the tail if last ----
-  const kdtr::SplitKeys keys = kdtr::split_keys<BN, BUG>(P, split, nsplit);
+  const kdtr::SplitKeys keys = kdtr::split_keys<BN, BUG>(P, T, split, nsplit);
   const int kp_lo = keys.lo, kp_hi = keys.hi, n_pre = keys.n_pre;
   const bool has_tail = keys.has_tail;
 
@@ -320,11 +356,14 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
 
     // descriptors: one per operand base; a k-step adds its byte offset / 16 (addresses < 256 KB: no carry)
     const unsigned long long dq = desc_sw128(qrope, 16, 1024);
+    Laps laps;
+    laps.start();
     for (int i = 0; i < n_tiles; ++i) {
       const int stage = i % STAGES;  // KV stage and P buffer of tile i
       // tile i landed (the consumers copied it once their P V of tile i-STAGES was done, so the P
       // buffer and alpha of this stage are free too)
       bar_sync(BAR_TILE + stage, NTHREADS);
+      laps.lap(0);
 
       // S(i) = Q K^T on the tensor cores; K-major B: k-step ks at slab ks/4, 32 bytes per step
       float s[S_REGS];
@@ -339,59 +378,73 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
         }
         wgmma_commit();
       }
-      wgmma_wait<0>();
-      reg_fence(s);
+      laps.lap(1);
 
-      // mask + online softmax (exp2 domain); element e: n8 block e/4, row half (e/2)%2, column pair e%2
+      // mask + online softmax (exp2 domain); element e: n8 block e/4, row half h = (e/2)%2, column
+      // pair e%2. The masks leave raw scores or -inf (one branch per tile: per-element branches cost
+      // ~30 %); row maxima and sums are trees; the scale folds into the exponent, p = 2^(s sc - m)
+      // in one FMA (sc > 0, so max(s) sc = max(s sc)). Measured 1-3 % faster than scaling first
+      // (docs/PERF.md, session 5).
       const int key0 = tile_key0(i);
-      if (i >= n_pre) {  // tail tile: the mask word of each row
+      const bool tail_tile = i >= n_pre, partial = key0 + BN > kp_hi || srow0 + 8 >= R;
+      unsigned word[2] = {~0u, ~0u};  // tail tile: the mask word of each row half
+      if (tail_tile) {
         const int w = (key0 - P) / KDTR_MASK_BITS;
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          unsigned x = 0u;
+          word[h] = 0u;
           if (srow0 + 8 * h < R) {
             const int t = (srow0 + 8 * h) / H;
-            x = kdtr::planted_mask_word<BUG>(mask_b[(long long)t * W + w], t, w);
-            if (T - w * 32 < 32) x &= (1u << (T - w * 32)) - 1u;  // nodes past T are never visible
-          }
-#pragma unroll
-          for (int e = 0; e < S_REGS; ++e) {
-            if (((e >> 1) & 1) != h) continue;
-            const int col = (e >> 2) * 8 + 2 * tq + (e & 1);
-            s[e] = ((x >> col) & 1u) ? s[e] * sc : kdtr::neg_inf();
+            word[h] = kdtr::planted_mask_word<BUG>(mask_b[(long long)t * W + w], t, w);
+            if (T - w * 32 < 32) word[h] &= (1u << (T - w * 32)) - 1u;  // nodes past T are never visible
           }
         }
-      } else if (key0 + BN > kp_hi || srow0 + 8 >= R) {  // the last, partial prefix tile, or rows past R
+      }
+      wgmma_wait<0>();  // after the mask words' loads, so their latency hides under S
+      reg_fence(s);
+      if (tail_tile) {
+#pragma unroll
+        for (int e = 0; e < S_REGS; ++e) {
+          const int col = (e >> 2) * 8 + 2 * tq + (e & 1);
+          s[e] = ((word[(e >> 1) & 1] >> col) & 1u) ? s[e] : kdtr::neg_inf();
+        }
+      } else if (partial) {  // the last, partial prefix tile, or rows past R
 #pragma unroll
         for (int e = 0; e < S_REGS; ++e) {
           const int h = (e >> 1) & 1, col = (e >> 2) * 8 + 2 * tq + (e & 1);
-          s[e] = (srow0 + 8 * h < R && key0 + col < kp_hi) ? s[e] * sc : kdtr::neg_inf();
+          s[e] = (srow0 + 8 * h < R && key0 + col < kp_hi) ? s[e] : kdtr::neg_inf();
         }
-      } else {  // a full prefix tile: every key visible
+      }  // else a full prefix tile: every key visible
+      float alpha[2] = {1.f, 1.f}, psum[2] = {0.f, 0.f};
 #pragma unroll
-        for (int e = 0; e < S_REGS; ++e) s[e] *= sc;
-      }
-      float mx[2] = {kdtr::neg_inf(), kdtr::neg_inf()};
+      for (int h = 0; h < 2; ++h) {  // row half h holds e = 4 j + 2 h + {0, 1}, j = 0..3
+        float mx = kdtr::neg_inf();
 #pragma unroll
-      for (int e = 0; e < S_REGS; ++e) mx[(e >> 1) & 1] = fmaxf(mx[(e >> 1) & 1], s[e]);
-      float alpha[2];
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const float m_new = fmaxf(m_run[h], kdtr::warp_max<4>(mx[h]));
+        for (int j = 0; j < 4; j += 2)
+          mx = fmaxf(mx, fmaxf(fmaxf(s[4 * j + 2 * h], s[4 * j + 2 * h + 1]),
+                               fmaxf(s[4 * j + 4 + 2 * h], s[4 * j + 5 + 2 * h])));
+        const float m_new = fmaxf(m_run[h], kdtr::warp_max<4>(mx * sc));
         const float m_use = m_new == kdtr::neg_inf() ? 0.f : m_new;
-        alpha[h] = ex2(m_run[h] - m_use);
-        m_run[h] = m_new;
-        mx[h] = m_use;
-      }
-      float psum[2] = {0.f, 0.f};
+        const float c = ex2(m_run[h] - m_use);  // 0 while nothing was seen: O and l are still zero
+        alpha[h] *= c;
+        psum[h] *= c;
+        float sum = 0.f;
 #pragma unroll
-      for (int e = 0; e < S_REGS; ++e) {
-        const int h = (e >> 1) & 1;
-        s[e] = ex2(s[e] - mx[h]);
-        psum[h] += s[e];
+        for (int j = 0; j < 4; j += 2) {
+          float q[4];
+#pragma unroll
+          for (int k = 0; k < 4; ++k) {
+            const int e = 4 * (j + (k >> 1)) + 2 * h + (k & 1);
+            q[k] = s[e] = ex2(fmaf(s[e], sc, -m_use));
+          }
+          sum += (q[0] + q[1]) + (q[2] + q[3]);
+        }
+        psum[h] += sum;
+        m_run[h] = m_new;
       }
 #pragma unroll
       for (int h = 0; h < 2; ++h) l_run[h] = l_run[h] * alpha[h] + psum[h];
+      laps.lap(2);
 
       // hand P(i) and alpha(i) to the consumers: the buffer of tile i's stage was last read by
       // P V(i-STAGES), done before tile i was copied (the tile barrier above). P in core matrices: row r, key k at
@@ -409,8 +462,11 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
         }
         fence_async_smem();  // P is read by the consumers' wgmma (async proxy)
       }
+      laps.lap(3);
       bar_sync(BAR_P_FULL + stage, NTHREADS);  // measured faster than arriving (docs/PERF.md, s5 and session 4)
+      laps.lap(4);
     }
+    laps.flush(PROF_PRODUCER, 5, n_tiles);
 
     // final row statistics: l to the consumers, lse written here
 #pragma unroll
@@ -489,9 +545,12 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
 #pragma unroll
     for (int e = 0; e < O_REGS; ++e) acc[e] = 0.f;
 
+    Laps laps;
+    laps.start();
     for (int i = 0; i < n_tiles; ++i) {
       const int stage = i % STAGES;  // KV stage and P buffer of tile i
       bar_sync(BAR_P_FULL + stage, NTHREADS);
+      laps.lap(0);
       const float a0 = alpha_s[stage * BM + ww * 16 + g], a1 = alpha_s[stage * BM + ww * 16 + g + 8];
       if (__any_sync(0xffffffffu, a0 != 1.f || a1 != 1.f)) {  // the max rarely moves late
 #pragma unroll
@@ -512,17 +571,22 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
         fence_async_smem();
         bar_arrive(BAR_TILE + (i + 1) % STAGES, NTHREADS);
       }
+      laps.lap(1);
       wgmma_wait<0>();
       reg_fence(acc);
+      laps.lap(2);
       if (i + STAGES < n_tiles) {  // refill tile i's stage once both consumers' P V(i) is done
         bar_sync(BAR_CONS, 256);
+        laps.lap(3);
         asm volatile("" : "+r"(next.page));  // its block-table read went out a tile ago; used only now, after P V
         copy_tile(i + STAGES, next);
         next = key_slot(i + STAGES + 1);
         read_page(next);
       }
       kdtr::cp_async_commit();
+      laps.lap(4);
     }
+    if (c == 0) laps.flush(PROF_CONSUMER, 5, n_tiles);
 
     // ---- epilogue: out (one split) or fp32 partials (several) ----
     bar_sync(BAR_STATS, NTHREADS);

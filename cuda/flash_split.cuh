@@ -19,20 +19,24 @@
 
 namespace kdtr {
 
-// The keys split `split` of `nsplit` walks for a request with prefix P: the prefix range [lo, hi)
-// (equal BN-aligned ranges), n_pre tiles of BN keys over it, and the tree tail when it is the last
-// split. The planted DROP_* bugs shorten the range here.
+// The keys split `split` of `nsplit` walks for a request with prefix P and T tree nodes: the
+// prefix range [lo, hi), n_pre tiles of BN keys over it, and the tree tail when it is the last
+// split. Every split gets L = ceil((prefix tiles + tail tiles) / nsplit) tiles, the tail counted
+// as ceil(T / BN) tiles, so the last split walks fewer prefix tiles and does not finish a tail
+// behind the others (a one-wave grid waits for its slowest CTA; docs/PERF.md, session 5). The
+// planted DROP_* bugs shorten the range here.
 struct SplitKeys {
   int lo, hi, n_pre;
   bool has_tail;
 };
 
 template <int BN, int BUG>
-__device__ __forceinline__ SplitKeys split_keys(int P, int split, int nsplit) {
-  const int split_len = max(BN, ((P + nsplit - 1) / nsplit + BN - 1) / BN * BN);
+__device__ __forceinline__ SplitKeys split_keys(int P, int T, int split, int nsplit) {
+  const int tiles = (P + BN - 1) / BN + (T + BN - 1) / BN;
+  const int split_len = max(1, (tiles + nsplit - 1) / nsplit) * BN;
   SplitKeys k;
   k.lo = min(P, split * split_len);
-  k.hi = min(P, k.lo + split_len);
+  k.hi = split == nsplit - 1 ? P : min(P, k.lo + split_len);
   if (BUG == KDTR_BUG_DROP_PARTIAL_TILE) k.hi = max(k.lo, min(k.hi, P / KDTR_BUG_TILE * KDTR_BUG_TILE));
   if (BUG == KDTR_BUG_DROP_PREFIX_KEY && P > 0 && k.hi == P) k.hi = max(k.lo, P - 1);
   k.n_pre = (k.hi - k.lo + BN - 1) / BN;
@@ -144,18 +148,20 @@ __device__ __forceinline__ void merge_row(const KdtrParams& p, int row, int b, i
   sync();  // red is reused by the next row
 }
 
-// The merge inside a main kernel, for a grid whose CTAs are all resident at once (one wave: a CTA
-// that waits here never keeps an unscheduled split from running; kdtr/flash.py checks). Called by
-// NWARPS warps (thread t: 0 .. 32 * NWARPS - 1) of every CTA of (request b, row tile rt) once this
-// CTA's partials are written. Each CTA fences them and takes a ticket; the merge units are (row,
-// 128-column group) of rows [r0, r0 + nrows), unit u going to ticket u % num_splits, so tickets at
-// or past the unit count just leave. A merging CTA waits until every split has arrived. The last
-// merger to finish zeroes the two counters for the next launch.
+// The merge inside a main kernel, for a grid whose CTAs are all resident at once (one wave;
+// kdtr/flash.py checks). Called by NWARPS warps (thread t: 0 .. 32 * NWARPS - 1) of every CTA of
+// (request b, row tile rt) once this CTA's partials are written. Each CTA fences them and takes a
+// ticket; the last `mergers` to arrive merge, the others leave. The merge units are (row,
+// 128-column group) of rows [r0, r0 + nrows), unit u going to merger u % mergers. A merger waits
+// until every split has arrived: by then all but mergers - 1 CTAs of the row tile have finished
+// and freed their SMs, so waiting CTAs never hold the GPU for the whole kernel (first arrivals
+// waiting would; docs/PERF.md, session 5). The last merger to finish zeroes the two counters for
+// the next launch.
 template <typename OutT, int NWARPS, typename Sync>
 __device__ __forceinline__ void merge_in_kernel(const KdtrParams& p, int b, int rt, int r0, int nrows, int t,
                                                 float* red, int* ticket_s, Sync sync) {
   constexpr int GROUPS = KDTR_DV / 128;  // 128-column units per row
-  const int R = p.T * p.H, S = p.num_splits, units = nrows * GROUPS;
+  const int R = p.T * p.H, S = p.num_splits, units = nrows * GROUPS, mergers = min(S, units);
   const int row_tiles = (R + 63) / 64;  // flash-sm90's 64-row tiles
   unsigned* ctr = reinterpret_cast<unsigned*>(static_cast<float*>(p.workspace) + (long long)p.B * S * R * (KDTR_DV + 1)) +
                   2 * ((long long)b * row_tiles + rt);  // [arrived, merged]
@@ -163,8 +169,8 @@ __device__ __forceinline__ void merge_in_kernel(const KdtrParams& p, int b, int 
   sync();
   if (t == 0) *ticket_s = atomicAdd(ctr, 1u);
   sync();
-  const int ticket = *ticket_s;
-  if (ticket >= units) return;  // nothing to merge here
+  const int rank = *ticket_s - (S - mergers);
+  if (rank < 0) return;  // an early arrival: the last `mergers` CTAs merge
   if (t == 0) {
     unsigned n;
     while (true) {
@@ -174,9 +180,9 @@ __device__ __forceinline__ void merge_in_kernel(const KdtrParams& p, int b, int 
     }
   }
   sync();  // every split's partials are visible from here (their fence, then the acquire above)
-  for (int u = ticket; u < units; u += S)
+  for (int u = rank; u < units; u += mergers)
     merge_row<OutT, NWARPS>(p, r0 + u / GROUPS, b, (u % GROUPS) * 128, 128, t >> 5, t & 31, red, sync);
-  if (t == 0 && atomicAdd(ctr + 1, 1u) == (unsigned)min(S, units) - 1) {
+  if (t == 0 && atomicAdd(ctr + 1, 1u) == (unsigned)mergers - 1) {
     ctr[0] = 0u;  // every merger is past its wait: the counters start the next launch at zero
     ctr[1] = 0u;
   }

@@ -159,7 +159,7 @@ __global__ void __launch_bounds__(flash::Tile<MT>::NTHREADS, 1) kdtr_flash_verif
   const unsigned* mask_b = p.tree_mask + (long long)b * T * W;
 
   // ---- this CTA's keys: prefix range [kp_lo, kp_hi) of its split, plus the tail if last ----
-  const kdtr::SplitKeys keys = kdtr::split_keys<BN, BUG>(P, split, nsplit);
+  const kdtr::SplitKeys keys = kdtr::split_keys<BN, BUG>(P, T, split, nsplit);
   const int kp_lo = keys.lo, kp_hi = keys.hi, n_pre = keys.n_pre;
   const bool has_tail = keys.has_tail;
 

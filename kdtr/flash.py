@@ -100,14 +100,30 @@ def row_tile_m(rows: int) -> int:
     return 1 if rows <= 16 else 2 if rows <= 128 else 4
 
 
-def choose_splits(prefix_max: int, base_ctas: int, rows: int, B: int, slots: int) -> int:
+def split_ranges(P: int, T: int, splits: int, bn: int) -> list[tuple[int, int]]:
+    """Prefix keys [lo, hi) of each split, cut as cuda/flash_split.cuh's split_keys cuts them: every
+    split gets ceil((prefix tiles + tail tiles) / splits) tiles of bn keys and the last one also
+    walks the tree tail, so it takes fewer prefix keys (tests/test_gpu_verify.py checks the two agree)."""
+    tiles = -(-P // bn) + -(-T // bn)
+    length = max(1, -(-tiles // splits)) * bn
+    return [(min(P, s * length), P if s == splits - 1 else min(P, s * length + length)) for s in range(splits)]
+
+
+def tiles_per_split(P: int, T: int, splits: int, bn: int) -> int:
+    """KV tiles the busiest split walks (the tail counted whole): a one-wave grid waits for it."""
+    *rest, (lo, hi) = split_ranges(P, T, splits, bn)
+    last = -(-(hi - lo) // bn) + -(-T // bn)
+    return max([last] + [-(-(b - a) // bn) for a, b in rest[:1]])  # the first split is the longest of the rest
+
+
+def choose_splits(prefix_max: int, T: int, bn: int, base_ctas: int, rows: int, B: int, slots: int) -> int:
     """Split count minimising waves * keys-per-CTA + combine traffic; slots = resident CTAs on the GPU."""
     if prefix_max <= MIN_KEYS_PER_SPLIT:
         return 1
     best, best_cost = 1, math.inf
     for s in range(1, min(256, prefix_max // MIN_KEYS_PER_SPLIT) + 1):
         waves = math.ceil(base_ctas * s / slots)
-        cost = waves * (prefix_max / s) * NS_PER_KEY
+        cost = waves * tiles_per_split(prefix_max, T, s, bn) * bn * NS_PER_KEY
         if s > 1:
             cost += B * rows * 4096 * s * 2 / COMBINE_BYTES_PER_NS + LAUNCH_NS
         if cost < best_cost - 1e-9:
@@ -129,9 +145,10 @@ def combine_chunks(rows_total: int, sm_count: int, max_chunks: int) -> int:
     return max_chunks if rows_total < 2 * sm_count else 1
 
 
-def plan(B: int, T: int, H: int, prefix_max: int, sm_count: int, bug: int = 0, mt: int | None = None,
+def plan(B: int, T: int, H: int, prefix_max: int, sm_count: int, bn: int, bug: int = 0, mt: int | None = None,
          ctas_per_sm: int = 1, splits: int | None = None, can_merge: bool = False) -> FlashPlan:
-    """Launch geometry; ``mt`` / ``splits`` force the row tile / split count (experiments).
+    """Launch geometry for KV tiles of ``bn`` keys; ``mt`` / ``splits`` force the row tile / split
+    count (experiments).
 
     ``can_merge``: the kernel can merge its splits itself. It does when every CTA is resident at
     once (a merging CTA waits for the other splits of its row tile, which must not be waiting for
@@ -140,7 +157,7 @@ def plan(B: int, T: int, H: int, prefix_max: int, sm_count: int, bug: int = 0, m
     rows = T * H
     mt = mt or row_tile_m(rows)
     row_tiles = math.ceil(rows / (16 * mt))
-    splits = splits or choose_splits(prefix_max, row_tiles * B, rows, B, sm_count * ctas_per_sm)
+    splits = splits or choose_splits(prefix_max, T, bn, row_tiles * B, rows, B, sm_count * ctas_per_sm)
     if bug == Bug.MERGE_WRONG_MAX:
         splits = max(2, splits)  # the planted merge bug needs a merge
     units = min(rows, 16 * mt) * MERGE_UNITS_PER_ROW  # of the fullest row tile
@@ -197,7 +214,7 @@ class FlashKernel:
         per_sm = occupancy(threads, regs, smem, info["regs_per_sm"], info["smem_per_sm"])
         forced_splits = max(0, int(os.environ.get("KDTR_FLASH_SPLITS") or 0))
         can_merge = v.merges_in_kernel and os.environ.get("KDTR_FLASH_MERGE", "1") != "0"
-        pl = plan(pr.B, pr.T, pr.H, int(pr.prefix_lens.max()), info["sm_count"], self.bug, mt, per_sm,
+        pl = plan(pr.B, pr.T, pr.H, int(pr.prefix_lens.max()), info["sm_count"], cfg["BN"], self.bug, mt, per_sm,
                   forced_splits or None, can_merge)
         if pl.merge:
             main = self._load(v.main.format(mt=mt, out=out_t, bug=self.bug, merge=1))

@@ -11,6 +11,7 @@
 #   sm90  : flash-sm90 block errors (stops there on failure), ci verify, bugs, timing against flash
 #   final : flash-sm90 and flash on the long suite, then flash-sm90 on the compute and memory sets against torch eager
 #   sets  : only final's timings
+#   longflash: only final's long-suite verification
 #   flashci: both flash kernels on ci and every flash GPU test
 #   combine: both flash kernels on ci (--repeat 3) and their planted bugs, then scripts/time_steps.py
 #   verify: every built-in kernel on ci, every planted bug, flash-sm90 under memcheck/racecheck
@@ -18,6 +19,11 @@
 #   sol   : both flash kernels on ci and their bugs, then scripts/sol_probe.py (bare-read speed of light, flush A/B)
 #   ablate: flash-sm90 experiment knobs (KDTR_F90_STAGES=3/4): block errors, then timings
 #   ncu   : stall reasons and pipe use of one flash-sm90 launch (compute and memory shape)
+#   abtree: flash-sm90 of an exported older tree (ab_old/, e.g. `git archive HEAD~1 kdtr cuda | tar -x -C ab_old`)
+#           and of this tree, timed one after the other on the same machine (scripts/sm90_ablate.py $AB_SHAPES)
+#   profile: flash-sm90's main-loop cycles per section (scripts/f90_profile.py), 2 and 3 KV stages, then their timings
+#   knobs : flash-sm90 -D experiment builds ($KNOBS: LABEL=OPTS;...) verified on ci, profiled, then timed
+#   wgmma : tensor-pipe rate of flash-sm90's wgmma chains (scripts/wgmma_probe.py)
 #   sanitize, robust, devices, mtcmp, mtmem: see each case below
 #
 # Results go to $OUT (default ./out/gpu): summary.txt, logs.tgz (every log and verify JSON) and the
@@ -72,6 +78,14 @@ sanitize_ci() {  # sanitize_ci KERNEL...: memcheck and racecheck on the ci suite
   tar -czf "$OUT/logs.tgz" -C "$LOGS" .
 }
 
+long_flash() {  # generate the long suite (CPU reference), verify flash-sm90 and flash on it
+  OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 stage gen_long timeout 100 $KDTR gen --suite long -j 14 --out "$KDTR_CACHE_DIR/suites/long"
+  stage verify_sm90_long timeout 60 $KDTR verify -k flash-sm90 long --json "$LOGS/verify_sm90_long.json"
+  tail -n 2 "$LOGS/verify_sm90_long.log" >>"$SUMMARY"
+  stage verify_flash_long timeout 90 $KDTR verify -k flash long --json "$LOGS/verify_flash_long.json"
+  tail -n 2 "$LOGS/verify_flash_long.log" >>"$SUMMARY"
+}
+
 bench_sets() {  # flash-sm90 on the compute and memory shape sets against torch eager; JSON to $OUT
   for set in compute memory; do
     stage bench_f_$set timeout 120 $KDTR bench -k flash-sm90 --baselines eager --set $set --no-check --json "$LOGS/bench_f_$set.json"
@@ -123,12 +137,11 @@ for mode in "${@:-check}"; do
       tail -n 4 "$LOGS/pytest_sm90.log" >>"$SUMMARY"
       ;;
     final)  # flash-sm90 and flash on the long suite, then the compute and memory sets against torch eager
-      OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 stage gen_long timeout 100 $KDTR gen --suite long -j 14 --out "$KDTR_CACHE_DIR/suites/long"
-      stage verify_sm90_long timeout 60 $KDTR verify -k flash-sm90 long --json "$LOGS/verify_sm90_long.json"
-      tail -n 2 "$LOGS/verify_sm90_long.log" >>"$SUMMARY"
-      stage verify_flash_long timeout 90 $KDTR verify -k flash long --json "$LOGS/verify_flash_long.json"
-      tail -n 2 "$LOGS/verify_flash_long.log" >>"$SUMMARY"
+      long_flash
       bench_sets
+      ;;
+    longflash)  # flash-sm90 and flash on the long suite (final's first half)
+      long_flash
       ;;
     sets)  # flash-sm90 on the compute and memory sets against torch eager (final's timings alone)
       bench_sets
@@ -175,6 +188,38 @@ for mode in "${@:-check}"; do
       tail -n 1 "$LOGS/pytest_sm90.log" >>"$SUMMARY"
       stage sm90_ablate timeout 300 python3 scripts/sm90_ablate.py
       grep -v Warn "$LOGS/sm90_ablate.log" | tail -n 60 >>"$SUMMARY"
+      ;;
+    abtree)  # an older tree's flash-sm90 against this one, same machine, same shapes
+      if [ -d ab_old/kdtr ]; then
+        KDTR_CACHE_DIR=$PWD/.kdtr-cache-old PYTHONPATH=$PWD/ab_old stage ab_old timeout 200 python3 scripts/sm90_ablate.py "${AB_SHAPES:-balance}" old=
+        grep -v Warn "$LOGS/ab_old.log" | tail -n 40 >>"$SUMMARY"
+      else
+        note "abtree: no ab_old/ tree"
+      fi
+      stage ab_new timeout 200 python3 scripts/sm90_ablate.py "${AB_SHAPES:-balance}" new=
+      grep -v Warn "$LOGS/ab_new.log" | tail -n 40 >>"$SUMMARY"
+      ;;
+    profile)  # where flash-sm90's main loop spends its cycles, with 2 and 3 KV stages; then both timed
+      S3="-DKDTR_F90_STAGES=3 -DKDTR_F90_EXPERIMENT"
+      stage f90_profile timeout 200 python3 scripts/f90_profile.py base= stages3="$S3"
+      grep -v Warn "$LOGS/f90_profile.log" | tail -n 40 >>"$SUMMARY"
+      stage sm90_ablate timeout 200 python3 scripts/sm90_ablate.py default base= stages3="$S3"
+      grep -v Warn "$LOGS/sm90_ablate.log" | tail -n 40 >>"$SUMMARY"
+      ;;
+    knobs)  # experiment builds of flash-sm90: ci first (a wrong build's timings do not count), then profile and timings
+      IFS=';' read -ra KV <<<"${KNOBS:-base=}"
+      if ! stage knob_verify timeout 240 python3 scripts/knob_verify.py "${KV[@]}"; then
+        tail -n 12 "$LOGS/knob_verify.log" >>"$SUMMARY"; note "knob_verify failed: timings skipped"; break
+      fi
+      grep -v Warn "$LOGS/knob_verify.log" | tail -n 12 >>"$SUMMARY"
+      stage knob_profile timeout 240 python3 scripts/f90_profile.py "${KV[@]}"
+      grep -v Warn "$LOGS/knob_profile.log" | tail -n 80 >>"$SUMMARY"
+      stage knob_ablate timeout 240 python3 scripts/sm90_ablate.py default "${KV[@]}"
+      grep -v Warn "$LOGS/knob_ablate.log" | tail -n 60 >>"$SUMMARY"
+      ;;
+    wgmma)  # how fast flash-sm90's wgmma chains run on the tensor pipe, alone and together
+      stage wgmma_probe timeout 120 python3 scripts/wgmma_probe.py
+      grep -v Warn "$LOGS/wgmma_probe.log" | tail -n 10 >>"$SUMMARY"
       ;;
     ncu)  # stall reasons and pipe use of flash-sm90 (one launch) on a compute and a memory shape
       for shape in "deepseek-v3 8 256 32768 1" "kimi-k2 8 0 32768 32"; do

@@ -1,11 +1,16 @@
 """Time flash-sm90 built with its -D experiment knobs (cuda/flash_sm90.cu) on a compute and a
 memory shape, next to the default build: today the KV pipeline depth (3-4 stages: above the
 99 KB the default keeps). Earlier knobs (L2 prefetch, S-first order, early block-table read,
-producer arrive at "P full") were measured this way, then removed or adopted (docs/PERF.md).
-A timing aid for docs/PERF.md: nothing here is checked (`scripts/gpu_check.sh ablate` runs
-scripts/sm90_debug.py on the same builds first).
+producer arrive at "P full", the fused softmax, an early "tile landed", S in two 16-key halves)
+were measured this way, then removed or adopted (docs/PERF.md). A timing aid for docs/PERF.md:
+nothing here is checked (`scripts/gpu_check.sh ablate` runs scripts/sm90_debug.py on the same
+builds first, `knobs` scripts/knob_verify.py).
 
-    python3 scripts/sm90_ablate.py [LABEL=OPTS ...]   e.g. s3="-DKDTR_F90_STAGES=3 -DKDTR_F90_EXPERIMENT"
+    python3 scripts/sm90_ablate.py [SHAPES] [LABEL=OPTS ...]   e.g. s3="-DKDTR_F90_STAGES=3 -DKDTR_F90_EXPERIMENT"
+
+SHAPES: "default" (a compute and a memory mix) or "balance" (the one-wave shapes whose last split
+also walks the tree tail: B1 decode and the small compute shapes). Run with PYTHONPATH set to an
+exported older tree to time that tree's kernel on the same machine (gpu_check.sh abtree).
 """
 import sys
 
@@ -17,10 +22,17 @@ DEFAULT = {
     "stages3": "-DKDTR_F90_STAGES=3 -DKDTR_F90_EXPERIMENT",
     "stages4": "-DKDTR_F90_STAGES=4 -DKDTR_F90_EXPERIMENT",
 }
-variants = dict(a.split("=", 1) for a in sys.argv[1:]) or DEFAULT
+SHAPES = {
+    "default": (bench.grid(["deepseek-v3"], [8], [64], [8192], [1]) + bench.grid(["deepseek-v3"], [8], [256], [32768], [1])
+                + bench.grid(["kimi-k2"], [8], [0, 8], [32768], [32]) + bench.grid(["kimi-k2"], [8], [0, 8], [32768, 131072], [1])),
+    "balance": (bench.grid(["kimi-k2"], [8], [0, 4, 8], [32768, 131072], [1]) + bench.grid(["kimi-k2"], [8], [0], [32768], [32])
+                + bench.grid(["deepseek-v3"], [8], [64], [8192], [1, 8]) + bench.grid(["deepseek-v3"], [8], [64], [32768], [1])
+                + bench.grid(["deepseek-v3"], [8], [256], [8192], [1])),
+}
+shape_set = next((a for a in sys.argv[1:] if "=" not in a), "default")
+variants = dict(a.split("=", 1) for a in sys.argv[1:] if "=" in a) or DEFAULT
 impls = [flash.FlashKernel(label, kernels.FLASH90_CAPS, 0, flash.SM90, tuple(o.split())) for label, o in variants.items()]
-specs = (bench.grid(["deepseek-v3"], [8], [64], [8192], [1]) + bench.grid(["deepseek-v3"], [8], [256], [32768], [1])
-         + bench.grid(["kimi-k2"], [8], [0, 8], [32768], [32]) + bench.grid(["kimi-k2"], [8], [0, 8], [32768, 131072], [1]))
+specs = SHAPES[shape_set]
 peaks = measure_peaks()
 print(f"peaks: copy {peaks['copy_gbs']:.0f} GB/s, gemm {peaks['gemm_tflops']:.0f} TFLOP/s")
 for spec in specs:

@@ -6,6 +6,7 @@ from kdtr.bugs import Bug
 from kdtr.flash import occupancy, plan, row_tile_m
 
 H200_SMS = 132
+BN = 32  # flash-sm90's KV tile (the plan reads it from the compiled module)
 
 
 @pytest.mark.parametrize("rows, mt", [(1, 1), (16, 1), (17, 2), (72, 2), (128, 2), (129, 4), (16 * 1025, 4)])
@@ -14,40 +15,40 @@ def test_row_tile_is_the_smallest_that_holds_the_rows(rows, mt):
 
 
 def test_one_long_request_fills_the_gpu_with_splits():
-    pl = plan(B=1, T=1, H=8, prefix_max=32768, sm_count=H200_SMS)  # Kimi decode: one 16-row tile
+    pl = plan(B=1, T=1, H=8, prefix_max=32768, sm_count=H200_SMS, bn=BN)  # Kimi decode: one 16-row tile
     assert pl.mt == 1 and pl.row_tiles == 1 and 64 <= pl.splits <= 256
     assert pl.grid[1] * pl.grid[0] >= H200_SMS // 2
 
 
 def test_many_row_tiles_need_few_splits():
-    big = plan(B=1, T=513, H=16, prefix_max=131072, sm_count=H200_SMS)  # 129 row tiles: one wave already
+    big = plan(B=1, T=513, H=16, prefix_max=131072, sm_count=H200_SMS, bn=BN)  # 129 row tiles: one wave already
     assert big.row_tiles == 129 and big.splits == 1
-    mid = plan(B=1, T=65, H=16, prefix_max=8192, sm_count=H200_SMS)
+    mid = plan(B=1, T=65, H=16, prefix_max=8192, sm_count=H200_SMS, bn=BN)
     assert mid.row_tiles == 17 and 2 <= mid.splits <= 16
 
 
 def test_no_prefix_no_split_but_the_merge_bug_forces_one():
-    assert plan(B=2, T=17, H=16, prefix_max=0, sm_count=H200_SMS).splits == 1
-    assert plan(B=2, T=17, H=16, prefix_max=0, sm_count=H200_SMS, bug=Bug.MERGE_WRONG_MAX).splits == 2
+    assert plan(B=2, T=17, H=16, prefix_max=0, sm_count=H200_SMS, bn=BN).splits == 1
+    assert plan(B=2, T=17, H=16, prefix_max=0, sm_count=H200_SMS, bn=BN, bug=Bug.MERGE_WRONG_MAX).splits == 2
 
 
 def test_workspace_holds_partial_out_lse_and_merge_counters():
-    pl = plan(B=2, T=5, H=8, prefix_max=4096, sm_count=H200_SMS)
+    pl = plan(B=2, T=5, H=8, prefix_max=4096, sm_count=H200_SMS, bn=BN)
     assert pl.splits > 1 and pl.workspace_bytes(5, 8) == 2 * pl.splits * 40 * 513 * 4 + 2 * pl.row_tiles * 8
-    assert plan(B=2, T=5, H=8, prefix_max=0, sm_count=H200_SMS).workspace_bytes(5, 8) == 0
+    assert plan(B=2, T=5, H=8, prefix_max=0, sm_count=H200_SMS, bn=BN).workspace_bytes(5, 8) == 0
 
 
 def test_in_kernel_merge_only_on_one_wave_grids_with_a_unit_per_split():
     """A merging CTA waits for its row tile's other splits: they must all be resident (one wave);
     and no split merges two (row, 128-column) units (Kimi T9 decode was slower that way)."""
-    decode = plan(B=1, T=1, H=8, prefix_max=32768, sm_count=H200_SMS, mt=4, can_merge=True)
+    decode = plan(B=1, T=1, H=8, prefix_max=32768, sm_count=H200_SMS, bn=BN, mt=4, can_merge=True)
     assert decode.merge and decode.row_tiles * decode.splits <= H200_SMS
-    assert not plan(B=1, T=1, H=8, prefix_max=32768, sm_count=H200_SMS, mt=4).merge  # kernel cannot
-    assert not plan(B=1, T=1, H=8, prefix_max=32768, sm_count=H200_SMS, mt=4, can_merge=True, splits=200).merge
-    assert not plan(B=8, T=65, H=16, prefix_max=8192, sm_count=H200_SMS, mt=4, can_merge=True).merge  # waves
-    few = plan(B=32, T=1, H=8, prefix_max=32768, sm_count=H200_SMS, mt=4, can_merge=True)
+    assert not plan(B=1, T=1, H=8, prefix_max=32768, sm_count=H200_SMS, bn=BN, mt=4).merge  # kernel cannot
+    assert not plan(B=1, T=1, H=8, prefix_max=32768, sm_count=H200_SMS, bn=BN, mt=4, can_merge=True, splits=200).merge
+    assert not plan(B=8, T=65, H=16, prefix_max=8192, sm_count=H200_SMS, bn=BN, mt=4, can_merge=True).merge  # waves
+    few = plan(B=32, T=1, H=8, prefix_max=32768, sm_count=H200_SMS, bn=BN, mt=4, can_merge=True)
     assert few.splits < 32 and not few.merge  # 8 rows x 4 units need 32 splits
-    t9 = plan(B=1, T=9, H=8, prefix_max=32768, sm_count=H200_SMS, mt=4, can_merge=True)
+    t9 = plan(B=1, T=9, H=8, prefix_max=32768, sm_count=H200_SMS, bn=BN, mt=4, can_merge=True)
     assert t9.row_tiles * t9.splits <= H200_SMS and t9.splits < 64 * 4 and not t9.merge
 
 
@@ -70,5 +71,28 @@ def test_forced_split_count_keeps_the_merge_bug_floor():
     from kdtr.bugs import Bug
     from kdtr.flash import plan
 
-    assert plan(1, 1, 8, 32768, 132, splits=33).splits == 33
-    assert plan(1, 1, 8, 32768, 132, bug=Bug.MERGE_WRONG_MAX, splits=1).splits == 2
+    assert plan(1, 1, 8, 32768, 132, BN, splits=33).splits == 33
+    assert plan(1, 1, 8, 32768, 132, BN, bug=Bug.MERGE_WRONG_MAX, splits=1).splits == 2
+
+
+@pytest.mark.parametrize("P, T, splits", [(32768, 1, 129), (8192, 65, 7), (3100, 41, 7), (700, 41, 7), (0, 9, 3), (100, 513, 4)])
+def test_split_ranges_cover_the_prefix_and_give_the_tail_split_fewer_keys(P, T, splits):
+    """Contiguous, in order, ending at P; no split walks more tiles than the even share of prefix
+    tiles + tail tiles (the last split's tail included), unless the tail alone is longer."""
+    from kdtr.flash import split_ranges, tiles_per_split
+
+    r = split_ranges(P, T, splits, BN)
+    assert len(r) == splits and r[0][0] == 0 and r[-1][1] == P
+    assert all(a[1] == b[0] for a, b in zip(r, r[1:])) and all(lo <= hi for lo, hi in r)
+    share = -(-(-(-P // BN) + -(-T // BN)) // splits)
+    assert tiles_per_split(P, T, splits, BN) == max(share, -(-T // BN))
+
+
+def test_decode_split_count_counts_the_tail_tile():
+    """Kimi T1 P32k: 1024 prefix tiles + 1 tail tile. 128 splits would leave the last one 9 tiles
+    behind 8; the plan takes enough splits that none walks more than 8."""
+    from kdtr.flash import tiles_per_split
+
+    pl = plan(B=1, T=1, H=8, prefix_max=32768, sm_count=H200_SMS, bn=BN, mt=4, can_merge=True)
+    assert pl.splits <= H200_SMS and tiles_per_split(32768, 1, pl.splits, BN) == 8
+    assert tiles_per_split(32768, 1, 128, BN) == 9

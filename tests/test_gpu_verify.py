@@ -103,3 +103,48 @@ def test_flash_sm90_both_merges_are_exact_relaunchable_and_catch_the_merge_bug(m
     assert int(go.workspace[-n * 4:].get().view(np.uint32).sum()) == 0
     buggy = resolve_kernel(variant_name("flash-sm90", Bug.MERGE_WRONG_MAX)).run(prob, spec.out_dtype)
     assert compare(buggy.out, want, tol).status.failed
+
+
+@pytest.mark.parametrize("name", ["flash", "flash-sm90"])
+def test_split_partials_cover_the_keys_python_says(name, monkeypatch):
+    """Each split's partial lse (workspace) equals the lse over the keys kdtr.flash.split_ranges
+    gives that split (+ the tree tail for the last): the plan's cost model and the kernels' split
+    partition (cuda/flash_split.cuh) are one rule written twice, checked here. A shifted boundary
+    of one 16-key tile moves a split's lse by ~0.01-0.1; the bound is 2e-3."""
+    import numpy as np
+
+    from kdtr.cases import CaseSpec, build_problem
+    from kdtr.flash import split_ranges
+    from kdtr.launch import DeviceProblem, make_launcher
+    from kdtr.presets import DK
+    from kdtr.trees import unpack_mask
+
+    monkeypatch.setenv("KDTR_FLASH_SPLITS", "7")
+    monkeypatch.setenv("KDTR_FLASH_MERGE", "0")
+    spec = CaseSpec(model="kimi-k2", heads=8, prefix_lens=(3100, 700), family="ddtree", budget=40, page_size=64)
+    prob, _ = build_problem(spec)
+    kernel = resolve_kernel(name)
+    dp = DeviceProblem(prob, spec.out_dtype)
+    steps, ws, splits = kernel.steps(dp)
+    assert splits == 7
+    go = make_launcher(dp, steps, ws, splits)
+    go()
+    B, T, H, R = prob.B, prob.T, prob.H, prob.T * prob.H
+    lse_ws = go.workspace[: B * splits * R * (512 + 1) * 4].get().view(np.float32)[B * splits * R * 512:]
+    lse_ws = lse_ws.reshape(B, splits, R)
+    bn = kernel.config()["BN"]
+    for b in range(B):
+        P = int(prob.prefix_lens[b])
+        q = prob.q[b].reshape(R, DK).astype(np.float64) * prob.scale  # [R, 576]
+        tail = np.repeat(unpack_mask(prob.tree_mask[b], T), H, axis=0)  # [R, T] rows see ancestors + self
+        for s, (lo, hi) in enumerate(split_ranges(P, T, splits, bn)):
+            scores = q @ prob.gather_kv(b, lo, hi).T  # [R, hi - lo]
+            if s == splits - 1:
+                st = q @ prob.gather_kv(b, P, P + T).T
+                scores = np.concatenate([scores, np.where(tail, st, -np.inf)], axis=1)
+            m = scores.max(axis=1, initial=-np.inf)
+            want = m + np.log(np.exp(scores - np.where(np.isfinite(m), m, 0)[:, None]).sum(axis=1))
+            got = lse_ws[b, s].astype(np.float64)
+            assert np.array_equal(np.isneginf(got), np.isneginf(want)), f"{name} b={b} split {s}: empty rows differ"
+            live = np.isfinite(want)
+            assert np.abs(got[live] - want[live]).max(initial=0) < 2e-3, f"{name} b={b} split {s} [{lo}, {hi})"

@@ -1,0 +1,21 @@
+"""flash-sm90 built with -D experiment knobs, verified on the ci suite before any of its timings
+count: PASS / FAIL counts and whether two runs give the same bits (`--repeat 2`). A gate for
+scripts/sm90_ablate.py and scripts/f90_profile.py experiments, not a test (tests/ cover the default build).
+
+    python3 scripts/knob_verify.py LABEL=OPTS ...     e.g. fused=-DKDTR_F90_FUSED_SOFTMAX
+"""
+import sys
+
+from kdtr import flash, kernels
+from kdtr.verify import find_bundles, run_verify
+
+paths = find_bundles(["ci"])
+bad = 0
+for arg in sys.argv[1:]:
+    label, opts = arg.split("=", 1)
+    kernel = flash.FlashKernel(label, kernels.FLASH90_CAPS, 0, flash.SM90, tuple(opts.split()))
+    rep = run_verify(kernel, paths, repeat=2)
+    worst = [(r.case, r.status.value, r.message) for r in rep.results if r.status.failed]
+    print(f"{label:10s} {rep.counts} {'FAILED ' + str(worst[:3]) if rep.failed else 'ok'}")
+    bad += rep.failed
+sys.exit(1 if bad else 0)
