@@ -8,9 +8,10 @@ builds first, `knobs` scripts/knob_verify.py).
 
     python3 scripts/sm90_ablate.py [SHAPES] [LABEL=OPTS ...]   e.g. s3="-DKDTR_F90_STAGES=3 -DKDTR_F90_EXPERIMENT"
 
-SHAPES: "default" (a compute and a memory mix) or "balance" (the one-wave shapes whose last split
-also walks the tree tail: B1 decode and the small compute shapes). Run with PYTHONPATH set to an
-exported older tree to time that tree's kernel on the same machine (gpu_check.sh abtree).
+SHAPES: "default" (a compute and a memory mix), "balance" (the one-wave shapes whose last split
+also walks the tree tail: B1 decode and the small compute shapes) or "decode" (Kimi B1 only).
+Run with PYTHONPATH set to an exported older tree to time that tree's kernel on the same machine
+(gpu_check.sh abtree).
 """
 import sys
 
@@ -28,6 +29,7 @@ SHAPES = {
     "balance": (bench.grid(["kimi-k2"], [8], [0, 4, 8], [32768, 131072], [1]) + bench.grid(["kimi-k2"], [8], [0], [32768], [32])
                 + bench.grid(["deepseek-v3"], [8], [64], [8192], [1, 8]) + bench.grid(["deepseek-v3"], [8], [64], [32768], [1])
                 + bench.grid(["deepseek-v3"], [8], [256], [8192], [1])),
+    "decode": bench.grid(["kimi-k2"], [8], [0, 4, 8], [32768, 131072], [1]),
 }
 shape_set = next((a for a in sys.argv[1:] if "=" not in a), "default")
 variants = dict(a.split("=", 1) for a in sys.argv[1:] if "=" in a) or DEFAULT
