@@ -100,20 +100,29 @@ def row_tile_m(rows: int) -> int:
     return 1 if rows <= 16 else 2 if rows <= 128 else 4
 
 
-def split_ranges(P: int, T: int, splits: int, bn: int) -> list[tuple[int, int]]:
-    """Prefix keys [lo, hi) of each split, cut as cuda/flash_split.cuh's split_keys cuts them: every
+def split_range(P: int, T: int, splits: int, bn: int, split: int) -> tuple[int, int]:
+    """Prefix keys [lo, hi) of one split, cut as cuda/flash_split.cuh's split_keys cuts them: every
     split gets ceil((prefix tiles + tail tiles) / splits) tiles of bn keys and the last one also
     walks the tree tail, so it takes fewer prefix keys (tests/test_gpu_verify.py checks the two agree)."""
-    tiles = -(-P // bn) + -(-T // bn)
-    length = max(1, -(-tiles // splits)) * bn
-    return [(min(P, s * length), P if s == splits - 1 else min(P, s * length + length)) for s in range(splits)]
+    length = max(1, -(-(-(-P // bn) + -(-T // bn)) // splits)) * bn
+    lo = min(P, split * length)
+    return lo, P if split == splits - 1 else min(P, lo + length)
+
+
+def split_ranges(P: int, T: int, splits: int, bn: int) -> list[tuple[int, int]]:
+    """split_range of every split, in order."""
+    return [split_range(P, T, splits, bn, s) for s in range(splits)]
 
 
 def tiles_per_split(P: int, T: int, splits: int, bn: int) -> int:
-    """KV tiles the busiest split walks (the tail counted whole): a one-wave grid waits for it."""
-    *rest, (lo, hi) = split_ranges(P, T, splits, bn)
+    """KV tiles the busiest split walks (the tail counted whole): a one-wave grid waits for it.
+    The first split is the longest of the others, so only it and the last are cut."""
+    lo, hi = split_range(P, T, splits, bn, splits - 1)
     last = -(-(hi - lo) // bn) + -(-T // bn)
-    return max([last] + [-(-(b - a) // bn) for a, b in rest[:1]])  # the first split is the longest of the rest
+    if splits == 1:
+        return last
+    a, b = split_range(P, T, splits, bn, 0)
+    return max(last, -(-(b - a) // bn))
 
 
 def choose_splits(prefix_max: int, T: int, bn: int, base_ctas: int, rows: int, B: int, slots: int) -> int:
