@@ -124,6 +124,11 @@ def _flash(name: str, base: str, bug: Bug) -> Kernel:
     return flash.FlashKernel(name, caps, bug, variant)
 
 
+def flash90_build(label: str, options: str = "") -> Kernel:
+    """flash-sm90 compiled with extra NVRTC options, e.g. its -D experiment knobs (scripts/sm90_ablate.py)."""
+    return flash.FlashKernel(label, FLASH90_CAPS, Bug.NONE, flash.SM90, tuple(options.split()))
+
+
 BASES = ("naive", "emulate-flash", "flash", "flash-sm90")
 
 

@@ -7,9 +7,9 @@ scripts/wgmma_probe.py. A timing aid for docs/PERF.md: nothing here is checked.
 """
 import sys
 
-from kdtr import bench, flash, kernels
+from kdtr import bench, kernels
 from kdtr.cases import build_problem
-from kdtr.launch import DeviceProblem, _cupy
+from kdtr.launch import DeviceProblem, _cupy, make_launcher
 
 cp = _cupy()
 PRODUCER = ("tile wait", "S issue", "S wait+softmax", "P store", "P-full wait")
@@ -18,14 +18,15 @@ variants = dict(a.split("=", 1) for a in sys.argv[1:]) or {"base": ""}
 specs = (bench.grid(["deepseek-v3"], [8], [256], [32768], [1]) + bench.grid(["deepseek-v3"], [8], [64], [8192], [1])
          + bench.grid(["kimi-k2"], [8], [0], [32768], [32, 1]) + bench.grid(["kimi-k2"], [8], [8], [32768], [32]))
 for label, opts in variants.items():
-    kernel = flash.FlashKernel(label, kernels.FLASH90_CAPS, 0, flash.SM90, ("-DKDTR_F90_PROFILE", *opts.split()))
+    kernel = kernels.flash90_build(label, "-DKDTR_F90_PROFILE " + opts)
     for spec in specs:
         layout, _ = build_problem(spec, values=False)
         dp = DeviceProblem(layout, spec.out_dtype)
         dp.randomize(0)
-        go = kernel.prepare(dp)
+        steps, ws, splits = kernel.steps(dp)
+        go = make_launcher(dp, steps, ws, splits)
         go()  # warm-up: clocks, caches
-        main = kernel.steps(dp)[0][0][0]  # the main kernel's module holds the counters (the combine's has its own)
+        main = steps[0][0]  # the main kernel's module holds the counters (the combine's has its own)
         prof = cp.ndarray((16,), cp.uint64, main.module.get_global("kdtr_f90_prof"))
         prof[:] = 0
         go()

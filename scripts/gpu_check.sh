@@ -21,8 +21,8 @@
 #   ncu   : stall reasons and pipe use of one flash-sm90 launch (compute and memory shape)
 #   abtree: flash-sm90 of an exported older tree (ab_old/, e.g. `git archive HEAD~1 kdtr cuda | tar -x -C ab_old`)
 #           and of this tree, timed one after the other on the same machine (scripts/sm90_ablate.py $AB_SHAPES)
-#   profile: flash-sm90's main-loop cycles per section (scripts/f90_profile.py), 2 and 3 KV stages, then their timings
-#   knobs : flash-sm90 -D experiment builds ($KNOBS: LABEL=OPTS;...) verified on ci, profiled, then timed
+#   knobs : flash-sm90 -D experiment builds ($KNOBS: LABEL=OPTS;...) verified on ci, profiled per loop section
+#           (scripts/f90_profile.py), then timed
 #   wgmma : tensor-pipe rate of flash-sm90's wgmma chains (scripts/wgmma_probe.py)
 #   sanitize, robust, devices, mtcmp, mtmem: see each case below
 #
@@ -198,13 +198,6 @@ for mode in "${@:-check}"; do
       fi
       stage ab_new timeout 200 python3 scripts/sm90_ablate.py "${AB_SHAPES:-balance}" new=
       grep -v Warn "$LOGS/ab_new.log" | tail -n 40 >>"$SUMMARY"
-      ;;
-    profile)  # where flash-sm90's main loop spends its cycles, with 2 and 3 KV stages; then both timed
-      S3="-DKDTR_F90_STAGES=3 -DKDTR_F90_EXPERIMENT"
-      stage f90_profile timeout 200 python3 scripts/f90_profile.py base= stages3="$S3"
-      grep -v Warn "$LOGS/f90_profile.log" | tail -n 40 >>"$SUMMARY"
-      stage sm90_ablate timeout 200 python3 scripts/sm90_ablate.py default base= stages3="$S3"
-      grep -v Warn "$LOGS/sm90_ablate.log" | tail -n 40 >>"$SUMMARY"
       ;;
     knobs)  # experiment builds of flash-sm90: ci first (a wrong build's timings do not count), then profile and timings
       IFS=';' read -ra KV <<<"${KNOBS:-base=}"

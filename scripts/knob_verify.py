@@ -6,14 +6,14 @@ scripts/sm90_ablate.py and scripts/f90_profile.py experiments, not a test (tests
 """
 import sys
 
-from kdtr import flash, kernels
+from kdtr import kernels
 from kdtr.verify import find_bundles, run_verify
 
 paths = find_bundles(["ci"])
 bad = 0
 for arg in sys.argv[1:]:
     label, opts = arg.split("=", 1)
-    kernel = flash.FlashKernel(label, kernels.FLASH90_CAPS, 0, flash.SM90, tuple(opts.split()))
+    kernel = kernels.flash90_build(label, opts)
     rep = run_verify(kernel, paths, repeat=2)
     worst = [(r.case, r.status.value, r.message) for r in rep.results if r.status.failed]
     print(f"{label:10s} {rep.counts} {'FAILED ' + str(worst[:3]) if rep.failed else 'ok'}")

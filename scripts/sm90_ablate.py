@@ -15,7 +15,7 @@ Run with PYTHONPATH set to an exported older tree to time that tree's kernel on 
 """
 import sys
 
-from kdtr import bench, flash, kernels
+from kdtr import bench, kernels
 from kdtr.timing import measure_peaks
 
 DEFAULT = {
@@ -33,7 +33,7 @@ SHAPES = {
 }
 shape_set = next((a for a in sys.argv[1:] if "=" not in a), "default")
 variants = dict(a.split("=", 1) for a in sys.argv[1:] if "=" in a) or DEFAULT
-impls = [flash.FlashKernel(label, kernels.FLASH90_CAPS, 0, flash.SM90, tuple(o.split())) for label, o in variants.items()]
+impls = [kernels.flash90_build(label, o) for label, o in variants.items()]
 specs = SHAPES[shape_set]
 peaks = measure_peaks()
 print(f"peaks: copy {peaks['copy_gbs']:.0f} GB/s, gemm {peaks['gemm_tflops']:.0f} TFLOP/s")

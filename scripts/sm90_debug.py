@@ -13,7 +13,7 @@ import sys
 import numpy as np
 
 from kdtr.cases import CaseSpec, build_problem
-from kdtr import flash, kernels
+from kdtr import kernels
 from kdtr.kernels import resolve_kernel
 from kdtr.reference import reference
 
@@ -32,7 +32,7 @@ def rel(a, b):
 for name in sys.argv[1:] or ["flash-sm90"]:
     if "=" in name and not name.split("=")[0].endswith("-bug"):
         label, opts = name.split("=", 1)
-        k = flash.FlashKernel(label, kernels.FLASH90_CAPS, 0, flash.SM90, tuple(opts.split()))
+        k = kernels.flash90_build(label, opts)
     else:
         k = resolve_kernel(name)
     for spec in CASES:
