@@ -17,14 +17,20 @@
 //     the consumers, each own half of O[64 x 512] (128 fp32 registers), compute O += P V and copy
 //     the KV tiles: S of tile i+1 runs on the tensor cores while the consumers' P V of tile i does.
 //     setmaxnreg gives the producer 184 registers and the consumers 160 each (3 x 168 at launch).
-//   * KV tiles of BN = 32 keys x 576 come in through cp.async, 2 stages of 36 KB, in the wgmma
-//     128-byte-swizzle layout: 9 slabs of 64 columns, key k's 128-byte row of a slab at k * 128
-//     with its 16-byte chunks XOR-ed by k % 8. A quarter warp copies one such row (whole lines
-//     from global memory, conflict-free stores). The same bytes are the K-major B of S = Q K^T and
-//     the MN-major B of O = P V: only the descriptors differ. A stage is refilled once both
-//     consumers' P V of its tile is done (each consumer copies columns the other reads); the
-//     refill is on the path to "P full", so it is short: one address per key, the 9 slabs at
-//     immediate offsets, the block-table entry read a tile earlier (docs/PERF.md, session 4).
+//   * KV tiles of BN = 32 keys x 576, 2 stages of 36 KB, in the wgmma 128-byte-swizzle layout: 9
+//     slabs of 64 columns, key k's 128-byte row of a slab at k * 128 with its 16-byte chunks XOR-ed
+//     by k % 8. The same bytes are the K-major B of S = Q K^T and the MN-major B of O = P V: only
+//     the descriptors differ. A stage is refilled once both consumers' P V of its tile is done (each
+//     consumer reads columns the other does not). Two copy paths fill it:
+//     - TMA, for every full prefix tile of a cache whose pages hold whole tiles (page_size a
+//       multiple of 32): one thread issues one cp.async.bulk.tensor box of the whole tile through the
+//       cache's tensor map (a second kernel parameter, kdtr/tma.py), which lands swizzled and
+//       completes on the stage's mbarrier; the producer waits there.
+//     - cp.async by the consumers for the rest (1-token pages, the last partial prefix tile, the
+//       tree tail): a quarter warp copies one key's 128-byte row (whole lines from global memory,
+//       conflict-free stores), one address per key, the 9 slabs at immediate offsets, the
+//       block-table entry read a tile earlier (docs/PERF.md, session 4); "tile landed" is a named
+//       barrier.
 //   * Splits: partial (out, lse) merged by kdtr_flash_combine, or, on one-wave decode grids
 //     (MERGE = 1, kdtr/flash.py), inside this kernel by the last splits of each row tile to
 //     finish (kdtr::merge_in_kernel).
@@ -38,7 +44,8 @@
 //   * Registers: the producer keeps Q's 512 latent columns as A fragments (128 registers); its 64
 //     RoPE columns sit in shared memory as one more swizzled slab (the last 4 k-steps of S read
 //     both operands from shared memory).
-//   Shared memory: 2 x 36 864 (KV) + 8 KB (Q RoPE) + 2 x 4 KB (P) + 1 KB alignment + row factors = 92 240 B,
+//   Shared memory: 2 x 36 864 (KV) + 8 KB (Q RoPE) + 2 x 4 KB (P) + 1 KB alignment + row factors and
+//   mbarriers = 92 248 B,
 //   within sm_120's 99 KB like every kdtr kernel (static_assert), though only sm_90a has wgmma.
 //
 // How to run
@@ -47,7 +54,8 @@
 //   Compiled for sm_90a only (kdtr.kernels.compile_targets); the launch plan is kdtr/flash.py's.
 //   Experiment knobs (NVRTC -D): KDTR_F90_STAGES=3 or 4 with KDTR_F90_EXPERIMENT to lift the 99 KB
 //   assert (129 / 166 KB: copies one or two more tiles ahead; docs/PERF.md); KDTR_F90_PROFILE: cycles
-//   per main-loop section into kdtr_f90_prof (scripts/f90_profile.py).
+//   per main-loop section into kdtr_f90_prof (scripts/f90_profile.py); KDTR_F90_NO_TMA: every tile
+//   through cp.async (the A/B of docs/PERF.md, session 6).
 
 #include <cuda_bf16.h>
 
@@ -79,6 +87,13 @@ constexpr int O_REGS = BM * (KDTR_DV / 2) / 128;  // 128 fp32 of O per consumer 
 constexpr int P_BYTES = BM * BN * 2;            // one P buffer: bf16 [64 x 32] in 8 x 16-byte core matrices
 constexpr int MAX_T = 1280;                     // tree nodes supported (tail-tile list size)
 constexpr int MAX_TAIL_TILES = MAX_T / BN;      // 40
+#ifdef KDTR_F90_NO_TMA
+constexpr bool TMA = false;                     // experiment: every tile through cp.async (docs/PERF.md, session 6)
+#else
+constexpr bool TMA = true;
+#endif
+constexpr int TMA_BOX_COLS = 64;                // a TMA box: 64 columns (one 128-byte swizzle row) x BN keys
+constexpr int TMA_BOX_SLABS = KDTR_DK / TMA_BOX_COLS;  // x all 9 slabs: one box is one whole tile
 
 // named barriers (0 is __syncthreads, used only before the roles split)
 constexpr int BAR_P_FULL = 1;                 // + stage: P of the stage's tile written; all 384 sync
@@ -95,7 +110,8 @@ struct Smem {                                   // byte offsets into dynamic sha
   static constexpr int live = stats + BM * 4;                       // int [MAX_TAIL_TILES] 0/1
   static constexpr int tiles = live + MAX_TAIL_TILES * 4;           // int [MAX_TAIL_TILES] live tail tiles
   static constexpr int count = tiles + MAX_TAIL_TILES * 4;          // int
-  static constexpr int bytes = count + 16;
+  static constexpr int bars = (count + 4 + 7) & ~7;                 // u64 [STAGES] mbarriers: a TMA tile of the stage landed
+  static constexpr int bytes = bars + STAGES * 8;
 };
 #if !defined(KDTR_F90_EXPERIMENT)
 static_assert(Smem::bytes <= 99 * 1024, "shared memory per block must stay within sm_120's 99 KB");
@@ -103,6 +119,8 @@ static_assert(Smem::bytes <= 99 * 1024, "shared memory per block must stay withi
 static_assert(STAGES >= 2 && BAR_CONS < 16, "2+ stages, within the 16 named barriers");
 static_assert(NTHREADS - 128 == BN * 8, "tile copies: one consumer thread per (key, 16-byte chunk) of a 128-byte row");
 static_assert(STAGE_BYTES % 1024 == 0, "every stage starts on a 128-byte-swizzle atom");
+static_assert(TMA_BOX_COLS * 2 == 128 && TMA_BOX_COLS * SLABS == KDTR_DK, "a TMA box row is one 128-byte swizzle row of a slab");
+static_assert(TMA_BOX_SLABS == SLABS && TMA_BOX_SLABS * TMA_BOX_COLS * BN * 2 == STAGE_BYTES, "one TMA box fills a stage");
 static_assert(128 * (PRODUCER_REGS + 2 * CONSUMER_REGS) <= 65536, "one CTA per SM's register file");
 static_assert(32 * COMBINE_WARPS == 256 && (COMBINE_RED_FLOATS + 1) * 4 <= STAGE_BYTES,
               "the in-kernel merge runs on the two consumer warpgroups, its scratch in KV stage 0");
@@ -110,8 +128,18 @@ static_assert(32 * COMBINE_WARPS == 256 && (COMBINE_RED_FLOATS + 1) * 4 <= STAGE
 }  // namespace f90
 
 // Read by kdtr/flash.py (module.get_global) so the launcher never restates these numbers.
-extern "C" __constant__ int kdtr_flash90_config[7] = {f90::BN, f90::STAGES, f90::MAX_T, f90::Smem::bytes,
-                                                      f90::NTHREADS, 32 * COMBINE_WARPS, COMBINE_MAX_CHUNKS};
+extern "C" __constant__ int kdtr_flash90_config[9] = {f90::BN, f90::STAGES, f90::MAX_T, f90::Smem::bytes,
+                                                      f90::NTHREADS, 32 * COMBINE_WARPS, COMBINE_MAX_CHUNKS,
+                                                      f90::TMA_BOX_COLS, f90::TMA_BOX_SLABS};
+
+// The KV cache as a TMA tensor (a CUtensorMap, 128 opaque bytes): kdtr/tma.py encodes it on the host
+// as 3-D bf16 (64 columns, num_pages * page_size slots, 9 slabs; the slab dimension a 128-byte stride),
+// box TMA_BOX_COLS x BN x TMA_BOX_SLABS, 128-byte swizzle: a box lands slab by slab, each key's 128-byte
+// row XOR-swizzled, exactly as copy_tile lays a stage out. The launcher passes it by value beside
+// KdtrParams (a __grid_constant__ parameter).
+struct __align__(64) KvTensorMap {
+  unsigned long long opaque[16];
+};
 
 // Timing experiment (-DKDTR_F90_PROFILE, scripts/f90_profile.py): cycles each warpgroup spends in
 // each section of its main loop, summed over the CTAs into kdtr_f90_prof (one lane per warpgroup
@@ -171,6 +199,27 @@ template <int N>
 __device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
 // cp.async writes (generic proxy) made visible to wgmma reads (async proxy); before the barrier.
 __device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+// mbarriers (a TMA tile's completion: one arrival with the byte count, then the bytes)
+__device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+__device__ __forceinline__ void mbar_expect_tx(unsigned bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
+  asm volatile(
+      "{\n.reg .pred done;\nKDTR_MBAR_WAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra KDTR_MBAR_WAIT;\n}\n" ::"r"(bar), "r"(parity) : "memory");
+}
+// One TMA box (coordinates c0, c1, c2 of the tensor map) into shared memory at dst; completes on bar.
+__device__ __forceinline__ void tma_load_3d(unsigned dst, const KvTensorMap* map, int c0, int c1, int c2, unsigned bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n"
+      ::"r"(dst), "l"(reinterpret_cast<unsigned long long>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar) : "memory");
+}
 
 // named barriers: every warp of the `count` threads calls one of the two
 __device__ __forceinline__ void bar_sync(int id, int count) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory"); }
@@ -270,7 +319,8 @@ __device__ __forceinline__ void wgmma_ss_m64n32k16(float (&d)[16], unsigned long
 // MERGE: the splits are merged here (kdtr::merge_in_kernel), not by kdtr_flash_combine; only for
 // one-wave grids (kdtr/flash.py).
 template <typename OutT, int BUG, int MERGE>
-__global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const KdtrParams p) {
+__global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const KdtrParams p,
+                                                                        const __grid_constant__ KvTensorMap kv_map) {
   using namespace f90;
   using kdtr::LN2;
   using kdtr::LOG2E;
@@ -309,12 +359,20 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
     for (int w = 0; w < W && w < MAX_TAIL_TILES; ++w)
       if (live[w]) tail_tiles[n++] = w;
     *n_tail_s = has_tail ? n : 0;
+    for (int st = 0; st < STAGES; ++st) mbar_init(kdtr::smem_addr(smem) + Smem::bars + st * 8, 1);
+    mbar_init_fence();
   }
   __syncthreads();
   const int n_tiles = n_pre + *n_tail_s;
   // first key of tile i: prefix tiles from kp_lo, tail tile w at P + 32 w
   auto tile_key0 = [&](int i) { return i < n_pre ? kp_lo + i * BN : P + tail_tiles[i - n_pre] * BN; };
   const unsigned kv_base = (kdtr::smem_addr(smem) + Smem::kv + 1023u) & ~1023u;  // swizzle atoms: 1 KB
+  const unsigned bars = kdtr::smem_addr(smem) + Smem::bars;  // + 8 stage
+  // TMA tiles: the full prefix tiles when every 32-key tile lies in one page (page_size a multiple of
+  // BN; splits start on tile boundaries); the last partial prefix tile, the tree tail and 1-token
+  // pages go through the consumers' cp.async. The planted page bug needs per-key pages: cp.async.
+  const bool use_tma = TMA && BUG != KDTR_BUG_PAGE_OFF_BY_ONE && p.page_size % BN == 0;
+  auto tma_tile = [&](int i) { return use_tma && i < n_pre && kp_lo + (i + 1) * BN <= kp_hi; };
   const bool direct = nsplit == 1;
   float* ws_o = static_cast<float*>(p.workspace);
   float* ws_lse = ws_o + (long long)p.B * nsplit * R * KDTR_DV;
@@ -356,13 +414,19 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
 
     // descriptors: one per operand base; a k-step adds its byte offset / 16 (addresses < 256 KB: no carry)
     const unsigned long long dq = desc_sw128(qrope, 16, 1024);
+    unsigned tma_phase = 0;  // bit st: parity of stage st's mbarrier for its next TMA tile
     Laps laps;
     laps.start();
     for (int i = 0; i < n_tiles; ++i) {
       const int stage = i % STAGES;  // KV stage and P buffer of tile i
-      // tile i landed (the consumers copied it once their P V of tile i-STAGES was done, so the P
-      // buffer and alpha of this stage are free too)
-      bar_sync(BAR_TILE + stage, NTHREADS);
+      // tile i landed (the consumers copied it, or issued its TMA, once their P V of tile i-STAGES was
+      // done, so the P buffer and alpha of this stage are free too)
+      if (tma_tile(i)) {
+        mbar_wait(bars + stage * 8, (tma_phase >> stage) & 1u);
+        tma_phase ^= 1u << stage;
+      } else {
+        bar_sync(BAR_TILE + stage, NTHREADS);
+      }
       laps.lap(0);
 
       // S(i) = Q K^T on the tensor cores; K-major B: k-step ks at slab ks/4, 32 bytes per step
@@ -522,22 +586,38 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
 #pragma unroll
       for (int sl = 0; sl < SLABS; ++sl) kdtr::cp_async16(dst + sl * SLAB, src + sl * 64, k.slot >= 0);
     };
-    auto load_tile = [&](int i) {
-      KeyRow k = key_slot(i);
-      read_page(k);
-      copy_tile(i, k);
+    // A TMA tile: thread 128 (key 0 of the tile, ld_key 0) arms the stage's mbarrier with the tile's
+    // bytes and issues one box of the whole tile. Measured against 9 slab boxes from one thread, 9
+    // from 9 lanes and 3 boxes from 3 warps: the issuing warp stalls ~650 cycles for one box, ~1150
+    // for 9 (docs/PERF.md, session 6).
+    const bool tma_issuer = tid == 128;
+    auto tma_tile_copy = [&](int i, const KeyRow& k) {
+      const int stage = i % STAGES, row = k.page * p.page_size + k.in_page;
+      mbar_expect_tx(bars + stage * 8, STAGE_BYTES);
+      tma_load_3d(kv_base + stage * STAGE_BYTES, &kv_map, 0, row, 0, bars + stage * 8);
     };
-    // tile t is cp.async group t: tiles 0..STAGES-1 now, tile i+STAGES once P V(i) is done
+    auto refill = [&](int i, const KeyRow& k) {  // every consumer thread calls it
+      if (!tma_tile(i)) copy_tile(i, k);
+      else if (tma_issuer) tma_tile_copy(i, k);
+    };
+    auto read_next_page = [&](KeyRow& k, int i) {  // a TMA tile needs only its first key's page
+      if (!tma_tile(i) || tma_issuer) read_page(k);
+    };
+    // tile t is cp.async group t (empty for a TMA tile): tiles 0..STAGES-1 now, tile i+STAGES once P V(i) is done
 #pragma unroll
     for (int t = 0; t < STAGES; ++t) {
-      if (t < n_tiles) load_tile(t);
+      if (t < n_tiles) {
+        KeyRow k = key_slot(t);
+        read_next_page(k, t);
+        refill(t, k);
+      }
       kdtr::cp_async_commit();
     }
     // the next refill's key: its block-table entry is read a tile before the copy needs it (the read's
     // latency sat on the consumers' path from P V to "P full": docs/PERF.md, session 4)
     KeyRow next = key_slot(STAGES);
-    read_page(next);
-    if (n_tiles > 0) {
+    read_next_page(next, STAGES);
+    if (n_tiles > 0 && !tma_tile(0)) {
       kdtr::cp_async_wait<STAGES - 1>();  // tile 0
       fence_async_smem();                 // cp.async writes (generic proxy) before wgmma reads (async proxy)
       bar_arrive(BAR_TILE, NTHREADS);
@@ -568,7 +648,7 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
         wgmma_ss_m64n256k16(acc, desc_make(pb + kk * 256, 128, 512, false),
                             desc_sw128(tile + c * 4 * SLAB + kk * 2048, SLAB, 1024), 1);
       wgmma_commit();
-      if (i + 1 < n_tiles) {  // while P V(i) runs: tile i+1 (copied STAGES-1 tiles ago) landed
+      if (i + 1 < n_tiles && !tma_tile(i + 1)) {  // while P V(i) runs: tile i+1 (copied STAGES-1 tiles ago) landed
         kdtr::cp_async_wait<STAGES - 2>();
         fence_async_smem();
         bar_arrive(BAR_TILE + (i + 1) % STAGES, NTHREADS);
@@ -581,9 +661,9 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
         bar_sync(BAR_CONS, 256);
         laps.lap(3);
         asm volatile("" : "+r"(next.page));  // its block-table read went out a tile ago; used only now, after P V
-        copy_tile(i + STAGES, next);
+        refill(i + STAGES, next);
         next = key_slot(i + STAGES + 1);
-        read_page(next);
+        read_next_page(next, i + STAGES + 1);
       }
       kdtr::cp_async_commit();
       laps.lap(4);

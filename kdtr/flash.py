@@ -42,6 +42,8 @@ class FlashVariant:
     """Compile target when not the device's own (sm_90a: wgmma needs the arch-specific target)."""
     merges_in_kernel: bool = False
     """The main kernel takes {merge}: 1 merges the splits itself on one-wave grids (no combine launch)."""
+    kv_tensor_map: bool = False
+    """The main kernel's second parameter is the cache's TMA tensor map (kdtr/tma.py; box from the config)."""
 
     def mt_for(self, rows: int) -> int:
         return row_tile_m(rows) if len(self.mts) > 1 else self.mts[0]
@@ -54,8 +56,9 @@ MMA = FlashVariant(
     (1, 2, 4))
 SM90 = FlashVariant(
     CUDA_DIR / "flash_sm90.cu", "kdtr_flash90_verify<{out}, {bug}, {merge}>", "kdtr_flash90_config",
-    ("BN", "STAGES", "MAX_T", "SMEM_MT4", "THREADS_MT4", "COMBINE_THREADS", "COMBINE_MAX_CHUNKS"), (4,), "sm_90a",
-    merges_in_kernel=True)
+    ("BN", "STAGES", "MAX_T", "SMEM_MT4", "THREADS_MT4", "COMBINE_THREADS", "COMBINE_MAX_CHUNKS", "TMA_BOX_COLS",
+     "TMA_BOX_SLABS"), (4,),
+    "sm_90a", merges_in_kernel=True, kv_tensor_map=True)
 
 NS_PER_KEY = 50.0
 """Model: one CTA's time per key of a full tile (~max of MMA time and KV bytes at one SM's share)."""
@@ -204,7 +207,7 @@ class FlashKernel:
         return self._config
 
     def steps(self, dp):
-        """([(Loaded, grid, block, smem)], workspace_bytes, num_splits): main kernel (+ combine).
+        """([(Loaded, grid, block, smem[, extra args])], workspace_bytes, num_splits): main kernel (+ combine).
 
         KDTR_FLASH_MT=1|2|4 forces the row tile of ``flash``, KDTR_FLASH_SPLITS=N the split count,
         KDTR_FLASH_MERGE=0 the combine launch instead of flash-sm90's in-kernel merge (for experiments;
@@ -227,12 +230,24 @@ class FlashKernel:
                   forced_splits or None, can_merge)
         if pl.merge:
             main = self._load(v.main.format(mt=mt, out=out_t, bug=self.bug, merge=1))
-        steps = [(main, pl.grid, (threads, 1, 1), smem)]
+        steps = [(main, pl.grid, (threads, 1, 1), smem, self._tensor_map_args(dp, cfg))]
         if pl.splits > 1 and not pl.merge:
             chunks = combine_chunks(pr.T * pr.H * pr.B, info["sm_count"], cfg["COMBINE_MAX_CHUNKS"])
             steps.append((self._load(COMBINE.format(out=out_t)), (pr.T * pr.H, pr.B, chunks),
                           (cfg["COMBINE_THREADS"], 1, 1), 0))
         return steps, pl.workspace_bytes(pr.T, pr.H), pl.splits
+
+    def _tensor_map_args(self, dp, cfg) -> tuple:
+        """The main kernel's arguments after KdtrParams: the cache's tensor map where it takes one.
+        Encoded for every page size; the kernel uses it only where a tile lies in one page."""
+        if not self.variant.kv_tensor_map:
+            return ()
+        from kdtr import tma
+        from kdtr.presets import DK
+
+        pages, page_size = dp.problem.kv_cache.shape[0], dp.problem.page_size
+        spec = tma.kv_map_spec(pages, page_size, DK, cfg["TMA_BOX_COLS"], cfg["BN"], cfg["TMA_BOX_SLABS"])
+        return (tma.encode(spec, dp.kv_cache.data.ptr),)
 
     def run(self, problem, out_dtype: str):
         from kdtr.launch import DeviceProblem

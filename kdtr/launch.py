@@ -262,18 +262,21 @@ def _sync(cp, what: str) -> None:
 
 
 def make_launcher(dp: DeviceProblem, steps, workspace_bytes: int = 0, num_splits: int = 1):
-    """A zero-argument callable that enqueues ``steps`` [(Loaded, grid, block, smem_bytes)] with one
-    KdtrParams and one zero-filled workspace; no poison, no sync (what bench times)."""
+    """A zero-argument callable that enqueues ``steps`` [(Loaded, grid, block, smem_bytes[, extra args])]
+    with one KdtrParams (plus a step's extra by-value arguments, e.g. flash-sm90's tensor map) and one
+    zero-filled workspace; no poison, no sync (what bench times)."""
     cp = _cupy()
     ws = cp.zeros(workspace_bytes, cp.uint8) if workspace_bytes else None
     arg = abi.as_kernel_arg(dp.params(ws.data.ptr if ws is not None else 0, num_splits))
-    for loaded, _, _, smem in steps:
+    launches = [(loaded, tuple(grid), tuple(block), smem, (arg, *(extra[0] if extra else ())))
+                for loaded, grid, block, smem, *extra in steps]
+    for loaded, _, _, smem, _ in launches:
         if smem > _STATIC_SMEM_LIMIT:
             loaded.function.max_dynamic_shared_size_bytes = smem
 
     def go():
-        for loaded, grid, block, smem in steps:
-            loaded.function(tuple(grid), tuple(block), (arg,), shared_mem=smem)
+        for loaded, grid, block, smem, args in launches:
+            loaded.function(grid, block, args, shared_mem=smem)
 
     go.workspace = ws  # keeps the scratch alive as long as the launcher
     return go

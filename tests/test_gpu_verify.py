@@ -148,3 +148,41 @@ def test_split_partials_cover_the_keys_python_says(name, monkeypatch):
             assert np.array_equal(np.isneginf(got), np.isneginf(want)), f"{name} b={b} split {s}: empty rows differ"
             live = np.isfinite(want)
             assert np.abs(got[live] - want[live]).max(initial=0) < 2e-3, f"{name} b={b} split {s} [{lo}, {hi})"
+
+
+@pytest.mark.parametrize("page_size", [64, 1])
+def test_flash_sm90_reads_full_prefix_tiles_through_the_tensor_map(page_size):
+    """flash-sm90 copies the full prefix tiles of a page-aligned cache with TMA, and everything
+    else with cp.async: a tensor map shifted by one cache row must break a page-64 run (so the
+    map is what those tiles are read through) and must not touch a page-1 run (where no tile is
+    read through it); the right map passes both."""
+    from kdtr import tma
+    from kdtr.cases import CaseSpec, build_problem
+    from kdtr.compare import compare
+    from kdtr.launch import DeviceProblem, make_launcher
+    from kdtr.presets import DK
+    from kdtr.reference import reference
+    from kdtr.tolerances import default
+
+    if device_arch() != "sm_90":
+        pytest.skip("flash-sm90 needs an sm_90 GPU")
+    spec = CaseSpec(model="deepseek-v3", heads=16, prefix_lens=(2000, 333), family="ddtree", budget=40,
+                    page_size=page_size)
+    prob, _ = build_problem(spec)
+    want, tol = reference(prob)[0], default(spec.kv_dtype, spec.out_dtype, "out")
+    kernel = resolve_kernel("flash-sm90")
+    dp = DeviceProblem(prob, spec.out_dtype)
+    steps, ws, splits = kernel.steps(dp)
+    cfg = kernel.config()
+    full = tma.kv_map_spec(prob.kv_cache.shape[0], prob.page_size, DK, cfg["TMA_BOX_COLS"], cfg["BN"], cfg["TMA_BOX_SLABS"])
+    dims = (full.dims[0], full.dims[1] - 1, *full.dims[2:])
+    one_less = tma.KvMapSpec(dims, full.strides, full.box)  # stays inside the cache
+    shifted = tma.encode(one_less, dp.kv_cache.data.ptr + DK * 2)  # row r of the map is cache row r + 1
+    results = {}
+    for label, extra in (("right", steps[0][4]), ("shifted", (shifted,))):
+        go = make_launcher(dp, [(*steps[0][:4], extra), *steps[1:]], ws, splits)
+        dp.poison()
+        go()
+        results[label] = compare(dp.download()[0], want, tol).status
+    assert not results["right"].failed
+    assert results["shifted"].failed == (page_size == 64), results
