@@ -3,7 +3,8 @@
 // What is in it
 //   kdtr_flash90_verify<OutT, BUG>   one CTA = 64 query rows of one request (rows r = node*H + head)
 //                                    x one KV split of that request; 3 warpgroups, 384 threads.
-//   kdtr_flash_combine<OutT>         the split merge shared with flash_verify.cu (flash_split.cuh);
+//   kdtr_flash_combine<OutT>,        the split merges shared with flash_verify.cu (flash_split.cuh);
+//   kdtr_flash_combine_rows<OutT>
 //                                    one-wave grids merge inside the main kernel instead (MERGE = 1).
 //
 // Design (SPEC sections 1, 3, 5; the same operator, split plan and workspace as flash_verify.cu)
@@ -128,9 +129,9 @@ static_assert(32 * COMBINE_WARPS == 256 && (COMBINE_RED_FLOATS + 1) * 4 <= STAGE
 }  // namespace f90
 
 // Read by kdtr/flash.py (module.get_global) so the launcher never restates these numbers.
-extern "C" __constant__ int kdtr_flash90_config[9] = {f90::BN, f90::STAGES, f90::MAX_T, f90::Smem::bytes,
+extern "C" __constant__ int kdtr_flash90_config[10] = {f90::BN, f90::STAGES, f90::MAX_T, f90::Smem::bytes,
                                                       f90::NTHREADS, 32 * COMBINE_WARPS, COMBINE_MAX_CHUNKS,
-                                                      f90::TMA_BOX_COLS, f90::TMA_BOX_SLABS};
+                                                      f90::TMA_BOX_COLS, f90::TMA_BOX_SLABS, COMBINE_ROWS_MAX_SPLITS};
 
 // The KV cache as a TMA tensor (a CUtensorMap, 128 opaque bytes): kdtr/tma.py encodes it on the host
 // as 3-D bf16 (64 columns, num_pages * page_size slots, 9 slabs; the slab dimension a 128-byte stride),
@@ -172,6 +173,37 @@ struct Laps {
   __device__ __forceinline__ void start() {}
   __device__ __forceinline__ void lap(int) {}
   __device__ __forceinline__ void flush(int, int, int) {}
+#endif
+};
+// The same experiment, per CTA outside the loop: slot 12 the producer's cycles from kernel entry to
+// its first tile, 13 the consumers' from their last tile to the partials written, 14 / 15 the CTA's
+// cycles / globaltimer ns from entry to the consumers' end (their ratio is the SM clock).
+struct CtaPhases {
+#ifdef KDTR_F90_PROFILE
+  static constexpr int PROLOGUE = 12, EPILOGUE = 13, CYCLES = 14, NS = 15;
+  long long c0 = 0, n0 = 0, mark = 0;
+  __device__ __forceinline__ static long long ns() {
+    long long n;
+    asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(n));
+    return n;
+  }
+  __device__ __forceinline__ void start() { c0 = clock64(), n0 = ns(); }
+  __device__ __forceinline__ void begin() { mark = clock64(); }
+  __device__ __forceinline__ void add(int slot, long long v) const {
+    if ((threadIdx.x & 127) == 0) atomicAdd(&kdtr_f90_prof[slot], (unsigned long long)v);
+  }
+  __device__ __forceinline__ void prologue_done() const { add(PROLOGUE, clock64() - c0); }
+  __device__ __forceinline__ void epilogue_done() const { add(EPILOGUE, clock64() - mark); }
+  __device__ __forceinline__ void finish() const {
+    add(CYCLES, clock64() - c0);
+    add(NS, ns() - n0);
+  }
+#else
+  __device__ __forceinline__ void start() {}
+  __device__ __forceinline__ void begin() {}
+  __device__ __forceinline__ void prologue_done() const {}
+  __device__ __forceinline__ void epilogue_done() const {}
+  __device__ __forceinline__ void finish() const {}
 #endif
 };
 }  // namespace f90
@@ -326,6 +358,8 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
   using kdtr::LOG2E;
 
   extern __shared__ __align__(128) unsigned char smem[];
+  CtaPhases phases;
+  phases.start();
   int* live = reinterpret_cast<int*>(smem + Smem::live);
   int* tail_tiles = reinterpret_cast<int*>(smem + Smem::tiles);
   int* n_tail_s = reinterpret_cast<int*>(smem + Smem::count);
@@ -415,6 +449,7 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
     // descriptors: one per operand base; a k-step adds its byte offset / 16 (addresses < 256 KB: no carry)
     const unsigned long long dq = desc_sw128(qrope, 16, 1024);
     unsigned tma_phase = 0;  // bit st: parity of stage st's mbarrier for its next TMA tile
+    phases.prologue_done();
     Laps laps;
     laps.start();
     for (int i = 0; i < n_tiles; ++i) {
@@ -669,6 +704,7 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
       laps.lap(4);
     }
     if (c == 0) laps.flush(PROF_CONSUMER, 5, n_tiles);
+    phases.begin();
 
     // ---- epilogue: out (one split) or fp32 partials (several) ----
     bar_sync(BAR_STATS, NTHREADS);
@@ -687,11 +723,13 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
         else kdtr::store2<float>(ws_o + orow + col, o0, o1);
       }
     }
+    if (c == 0) phases.epilogue_done();
     if (MERGE && !direct) {  // the merge scratch reuses KV stage 0: every tile is done
       float* red = reinterpret_cast<float*>(smem + (kv_base - kdtr::smem_addr(smem)));
       kdtr::merge_in_kernel<OutT, COMBINE_WARPS>(p, b, blockIdx.x, r0, min(BM, R - r0), tid - 128, red,
                                                  reinterpret_cast<int*>(red + COMBINE_RED_FLOATS),
                                                  [] { f90::bar_sync(f90::BAR_CONS, 256); });
     }
+    if (c == 0) phases.finish();
   }
 }

@@ -6,9 +6,11 @@
 //   fp32 partial out [B, splits, R, 512], then fp32 partial lse [B, splits, R] (natural log,
 //   -inf for a split that saw no key of the row), then uint32 merge counters [B, row tiles, 2]
 //   (in-kernel merge only; zero before a launch, zero again after it); R = T * H rows per request.
-// The merge runs either as kdtr_flash_combine<OutT>, launched with grid (R, B, chunks <=
-// COMBINE_MAX_CHUNKS) and block 32 * COMBINE_WARPS, or inside a main kernel that calls
-// kdtr::merge_in_kernel (flash-sm90 on one-wave grids; kdtr/flash.py decides).
+// The merge runs as kdtr_flash_combine_rows<OutT> (one warp per row: many-row grids, splits <=
+// COMBINE_ROWS_MAX_SPLITS), as kdtr_flash_combine<OutT>, launched with grid (R, B, chunks <=
+// COMBINE_MAX_CHUNKS) and block 32 * COMBINE_WARPS (decode: few rows, up to hundreds of splits), or
+// inside a main kernel that calls kdtr::merge_in_kernel (flash-sm90 on one-wave grids); kdtr/flash.py
+// decides.
 
 #pragma once
 
@@ -68,6 +70,7 @@ __device__ __forceinline__ void for_each_tail_word(const unsigned* mask_b, int r
 
 constexpr int COMBINE_WARPS = 8;        // warps of the combine kernel (and of flash-sm90's in-kernel merge)
 constexpr int COMBINE_MAX_CHUNKS = 4;   // CTAs per row at most: column chunks (grid.z = 1, 2 or 4; kdtr/flash.py picks)
+constexpr int COMBINE_ROWS_MAX_SPLITS = 32;  // kdtr_flash_combine_rows: lane s holds split s's lse
 constexpr int COMBINE_RED_FLOATS = COMBINE_WARPS * 129 + COMBINE_WARPS;  // shared scratch of merge_row
 
 namespace kdtr {
@@ -189,6 +192,57 @@ __device__ __forceinline__ void merge_in_kernel(const KdtrParams& p, int b, int 
 }
 
 }  // namespace kdtr
+
+// One warp per output row, COMBINE_WARPS rows per CTA, grid (ceil(R / COMBINE_WARPS), B), for
+// splits <= COMBINE_ROWS_MAX_SPLITS: lane s reads split s's lse, then every lane reads its 16
+// columns (4 float4, lane + 32 j) of 4 splits at a time; no barrier, no shared memory. kdtr/flash.py
+// launches it where the rows alone fill the GPU (compute shapes), where kdtr_flash_combine's one row
+// per CTA waited on three dependent round trips per row (docs/PERF.md, session 6: 0.75 TB/s).
+template <typename OutT>
+__global__ void __launch_bounds__(32 * COMBINE_WARPS) kdtr_flash_combine_rows(const KdtrParams p) {
+  constexpr int BATCH = 4, PER_LANE = KDTR_DV / 4 / 32;  // float4 of a row per lane: 4
+  const int R = p.T * p.H, S = p.num_splits, b = blockIdx.y, lane = threadIdx.x & 31;
+  const int row = blockIdx.x * COMBINE_WARPS + (threadIdx.x >> 5);
+  if (row >= R) return;
+  const float* ws_o = static_cast<const float*>(p.workspace);
+  const float lse = lane < S ? ws_o[(long long)p.B * S * R * KDTR_DV + ((long long)b * S + lane) * R + row] : kdtr::neg_inf();
+  const float M = kdtr::warp_max<32>(lse);
+  float4 acc[PER_LANE];
+#pragma unroll
+  for (int j = 0; j < PER_LANE; ++j) acc[j] = make_float4(0.f, 0.f, 0.f, 0.f);
+  float wsum = 0.f;
+  for (int s0 = 0; s0 < S; s0 += BATCH) {
+    float4 x[BATCH][PER_LANE];
+#pragma unroll
+    for (int k = 0; k < BATCH; ++k) {  // an index past S reads split S - 1 again, with weight 0
+      const float4* src = reinterpret_cast<const float4*>(ws_o + (((long long)b * S + min(s0 + k, S - 1)) * R + row) * KDTR_DV);
+#pragma unroll
+      for (int j = 0; j < PER_LANE; ++j) x[k][j] = src[lane + 32 * j];
+    }
+#pragma unroll
+    for (int k = 0; k < BATCH; ++k) {
+      const float ls = __shfl_sync(0xffffffffu, lse, (s0 + k) & 31);
+      const float w = s0 + k < S && ls != kdtr::neg_inf() ? exp2f((ls - M) * kdtr::LOG2E) : 0.f;
+      wsum += w;
+#pragma unroll
+      for (int j = 0; j < PER_LANE; ++j) {
+        acc[j].x += w * x[k][j].x;
+        acc[j].y += w * x[k][j].y;
+        acc[j].z += w * x[k][j].z;
+        acc[j].w += w * x[k][j].w;
+      }
+    }
+  }
+  const float inv = 1.f / wsum;
+  OutT* out = static_cast<OutT*>(p.out) + ((long long)b * R + row) * KDTR_DV;
+#pragma unroll
+  for (int j = 0; j < PER_LANE; ++j) {
+    const int c = 4 * (lane + 32 * j);
+    kdtr::store2<OutT>(out + c, acc[j].x * inv, acc[j].y * inv);
+    kdtr::store2<OutT>(out + c + 2, acc[j].z * inv, acc[j].w * inv);
+  }
+  if (lane == 0) p.lse[(long long)b * R + row] = M + logf(wsum);
+}
 
 // One CTA per (row, request, column chunk): kdtr::merge_row over the chunk's columns. Decode
 // batches (few rows) run 4 chunks so the merge streams on more SMs; large batches one, which keeps

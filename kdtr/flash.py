@@ -22,6 +22,7 @@ from kdtr.nvrtc import CUDA_DIR
 from kdtr.presets import DV
 
 COMBINE = "kdtr_flash_combine<{out}>"
+COMBINE_ROWS = "kdtr_flash_combine_rows<{out}>"
 
 
 @dataclass(frozen=True)
@@ -52,12 +53,12 @@ class FlashVariant:
 MMA = FlashVariant(
     CUDA_DIR / "flash_verify.cu", "kdtr_flash_verify<{mt}, {out}, {bug}>", "kdtr_flash_config",
     ("BN", "STAGES", "MAX_T", "SMEM_MT1", "SMEM_MT2", "SMEM_MT4", "THREADS_MT1", "THREADS_MT2", "THREADS_MT4",
-     "COMBINE_THREADS", "COMBINE_MAX_CHUNKS"),
+     "COMBINE_THREADS", "COMBINE_MAX_CHUNKS", "COMBINE_ROWS_MAX_SPLITS"),
     (1, 2, 4))
 SM90 = FlashVariant(
     CUDA_DIR / "flash_sm90.cu", "kdtr_flash90_verify<{out}, {bug}, {merge}>", "kdtr_flash90_config",
     ("BN", "STAGES", "MAX_T", "SMEM_MT4", "THREADS_MT4", "COMBINE_THREADS", "COMBINE_MAX_CHUNKS", "TMA_BOX_COLS",
-     "TMA_BOX_SLABS"), (4,),
+     "TMA_BOX_SLABS", "COMBINE_ROWS_MAX_SPLITS"), (4,),
     "sm_90a", merges_in_kernel=True, kv_tensor_map=True)
 
 NS_PER_KEY = 50.0
@@ -157,6 +158,19 @@ def combine_chunks(rows_total: int, sm_count: int, max_chunks: int) -> int:
     return max_chunks if rows_total < 2 * sm_count else 1
 
 
+def combine_launch(R: int, B: int, splits: int, sm_count: int, cfg: dict, force: str = "") -> tuple[str, tuple]:
+    """(name template, grid) of the split merge launch. A warp per row (``COMBINE_ROWS``) where
+    the rows alone cover the GPU twice and every split's lse fits a lane: the row-per-CTA merge
+    is latency-bound there (docs/PERF.md, session 6); else ``COMBINE`` with column chunks.
+    ``force``: "rows" or "split" (experiments and tests; "rows" still needs splits to fit)."""
+    chunks = combine_chunks(R * B, sm_count, cfg["COMBINE_MAX_CHUNKS"])
+    fits = splits <= cfg["COMBINE_ROWS_MAX_SPLITS"]
+    if fits and (force == "rows" or (force != "split" and chunks == 1)):
+        warps = cfg["COMBINE_THREADS"] // 32
+        return COMBINE_ROWS, (-(-R // warps), B, 1)
+    return COMBINE, (R, B, chunks)
+
+
 def plan(B: int, T: int, H: int, prefix_max: int, sm_count: int, bn: int, bug: int = 0, mt: int | None = None,
          ctas_per_sm: int = 1, splits: int | None = None, can_merge: bool = False) -> FlashPlan:
     """Launch geometry for KV tiles of ``bn`` keys; ``mt`` / ``splits`` force the row tile / split
@@ -210,8 +224,8 @@ class FlashKernel:
         """([(Loaded, grid, block, smem[, extra args])], workspace_bytes, num_splits): main kernel (+ combine).
 
         KDTR_FLASH_MT=1|2|4 forces the row tile of ``flash``, KDTR_FLASH_SPLITS=N the split count,
-        KDTR_FLASH_MERGE=0 the combine launch instead of flash-sm90's in-kernel merge (for experiments;
-        docs/PERF.md)."""
+        KDTR_FLASH_MERGE=0 the combine launch instead of flash-sm90's in-kernel merge,
+        KDTR_FLASH_COMBINE=rows|split which combine kernel (for experiments and tests; docs/PERF.md)."""
         import os
 
         from kdtr.launch import CTYPES, device_info
@@ -232,9 +246,9 @@ class FlashKernel:
             main = self._load(v.main.format(mt=mt, out=out_t, bug=self.bug, merge=1))
         steps = [(main, pl.grid, (threads, 1, 1), smem, self._tensor_map_args(dp, cfg))]
         if pl.splits > 1 and not pl.merge:
-            chunks = combine_chunks(pr.T * pr.H * pr.B, info["sm_count"], cfg["COMBINE_MAX_CHUNKS"])
-            steps.append((self._load(COMBINE.format(out=out_t)), (pr.T * pr.H, pr.B, chunks),
-                          (cfg["COMBINE_THREADS"], 1, 1), 0))
+            name, grid = combine_launch(pr.T * pr.H, pr.B, pl.splits, info["sm_count"], cfg,
+                                        os.environ.get("KDTR_FLASH_COMBINE", ""))
+            steps.append((self._load(name.format(out=out_t)), grid, (cfg["COMBINE_THREADS"], 1, 1), 0))
         return steps, pl.workspace_bytes(pr.T, pr.H), pl.splits
 
     def _tensor_map_args(self, dp, cfg) -> tuple:

@@ -163,7 +163,7 @@ def compile_targets() -> list[tuple[Path, list[str], tuple[str, ...]]]:
         merges = (0, 1) if variant.merges_in_kernel else (0,)
         exprs = [variant.main.format(mt=mt, out=CTYPES[o], bug=int(b), merge=m)
                  for mt in variant.mts for o in DTYPES for b in Bug for m in merges]
-        combine = [flash.COMBINE.format(out=CTYPES[o]) for o in DTYPES]
+        combine = [c.format(out=CTYPES[o]) for c in (flash.COMBINE, flash.COMBINE_ROWS) for o in DTYPES]
         targets.append((variant.source, exprs + combine, (variant.arch,) if variant.arch else ALL_ARCHS))
     return targets
 

@@ -3,7 +3,10 @@ per warpgroup role, the clock64 cycles of each loop section over every CTA (cuda
 struct Laps). Printed as cycles per KV tile, next to the tensor-pipe work of a tile measured by
 scripts/wgmma_probe.py. A timing aid for docs/PERF.md: nothing here is checked.
 
-    python3 scripts/f90_profile.py [LABEL=OPTS ...]     (default: the plain build; OPTS are more -D knobs)
+    python3 scripts/f90_profile.py [default|small] [LABEL=OPTS ...]   (the plain build unless knobs are given)
+
+"small": the compute shapes with few tiles per CTA, where the per-CTA lines (prologue, epilogue,
+whole CTA in cycles and us) say how much lies outside the loop.
 """
 import sys
 
@@ -14,9 +17,14 @@ from kdtr.launch import DeviceProblem, _cupy, make_launcher
 cp = _cupy()
 PRODUCER = ("tile wait", "S issue", "S wait+softmax", "P store", "P-full wait")
 CONSUMER = ("P-full wait", "alpha+P V issue", "P V wait", "both-consumer bar", "refill+commit")
-variants = dict(a.split("=", 1) for a in sys.argv[1:]) or {"base": ""}
-specs = (bench.grid(["deepseek-v3"], [8], [256], [32768], [1]) + bench.grid(["deepseek-v3"], [8], [64], [8192], [1])
-         + bench.grid(["kimi-k2"], [8], [0], [32768], [32, 1]) + bench.grid(["kimi-k2"], [8], [8], [32768], [32]))
+SETS = {
+    "default": (bench.grid(["deepseek-v3"], [8], [256], [32768], [1]) + bench.grid(["deepseek-v3"], [8], [64], [8192], [1])
+                + bench.grid(["kimi-k2"], [8], [0], [32768], [32, 1]) + bench.grid(["kimi-k2"], [8], [8], [32768], [32])),
+    "small": (bench.grid(["deepseek-v3"], [8], [64], [8192], [1, 8]) + bench.grid(["deepseek-v3"], [8], [64], [32768], [1])
+              + bench.grid(["deepseek-v3"], [8], [256], [8192], [1]) + bench.grid(["deepseek-v3"], [8], [256], [32768], [1])),
+}
+specs = SETS[next((a for a in sys.argv[1:] if "=" not in a), "default")]
+variants = dict(a.split("=", 1) for a in sys.argv[1:] if "=" in a) or {"base": ""}
 for label, opts in variants.items():
     kernel = kernels.flash90_build(label, "-DKDTR_F90_PROFILE " + opts)
     for spec in specs:
@@ -38,3 +46,6 @@ for label, opts in variants.items():
               + f"  | sum {v[0:5].sum() / tiles:6.0f}")
         print("  consumer  " + "  ".join(f"{n} {v[5 + i] / tiles:6.0f}" for i, n in enumerate(CONSUMER))
               + f"  | sum {v[5:10].sum() / tiles:6.0f}")
+        loop = v[5:10].sum() / ctas
+        print(f"  per CTA: prologue {v[12] / ctas:7.0f}  loop {loop:8.0f}  epilogue {v[13] / ctas:7.0f}  "
+              f"whole {v[14] / ctas:8.0f} cycles = {v[15] / ctas / 1e3:6.1f} us  (SM clock {v[14] / v[15]:.2f} GHz)")

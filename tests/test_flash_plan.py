@@ -96,3 +96,19 @@ def test_decode_split_count_counts_the_tail_tile():
     pl = plan(B=1, T=1, H=8, prefix_max=32768, sm_count=H200_SMS, bn=BN, mt=4, can_merge=True)
     assert pl.splits <= H200_SMS and tiles_per_split(32768, 1, pl.splits, BN) == 8
     assert tiles_per_split(32768, 1, 128, BN) == 9
+
+
+def test_combine_launch_takes_a_warp_per_row_where_rows_fill_the_gpu():
+    """Compute shapes (1040+ rows, splits that fit a lane each) merge a warp per row; decode
+    batches keep the row-per-CTA merge with column chunks, and so does any split count above the
+    rows kernel's limit; KDTR_FLASH_COMBINE's values force either where it can run."""
+    from kdtr.flash import COMBINE, COMBINE_ROWS, combine_launch
+
+    cfg = {"COMBINE_MAX_CHUNKS": 4, "COMBINE_ROWS_MAX_SPLITS": 32, "COMBINE_THREADS": 256}
+    assert combine_launch(1040, 1, 7, H200_SMS, cfg) == (COMBINE_ROWS, (130, 1, 1))
+    assert combine_launch(4112, 8, 2, H200_SMS, cfg) == (COMBINE_ROWS, (514, 8, 1))
+    assert combine_launch(8, 1, 66, H200_SMS, cfg) == (COMBINE, (8, 1, 4))  # decode
+    assert combine_launch(1040, 1, 33, H200_SMS, cfg) == (COMBINE, (1040, 1, 1))  # splits past a warp
+    assert combine_launch(72, 1, 7, H200_SMS, cfg, force="rows") == (COMBINE_ROWS, (9, 1, 1))
+    assert combine_launch(1040, 1, 7, H200_SMS, cfg, force="split") == (COMBINE, (1040, 1, 1))
+    assert combine_launch(72, 1, 40, H200_SMS, cfg, force="rows") == (COMBINE, (72, 1, 4))

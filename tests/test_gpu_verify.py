@@ -186,3 +186,38 @@ def test_flash_sm90_reads_full_prefix_tiles_through_the_tensor_map(page_size):
         results[label] = compare(dp.download()[0], want, tol).status
     assert not results["right"].failed
     assert results["shifted"].failed == (page_size == 64), results
+
+
+@pytest.mark.parametrize("combine", ["rows", "split"])
+@pytest.mark.parametrize("name", ["flash", "flash-sm90"])
+def test_both_combine_kernels_merge_exactly_and_catch_the_merge_bug(name, combine, monkeypatch):
+    """kdtr_flash_combine_rows (a warp per row) and kdtr_flash_combine (a CTA per row, column chunks)
+    both merge 7 forced splits of a 1040-row request to the reference, relaunch bit-identically,
+    and the planted merge bug fails through each."""
+    import numpy as np
+
+    from kdtr.cases import CaseSpec, build_problem
+    from kdtr.compare import compare
+    from kdtr.flash import COMBINE, COMBINE_ROWS
+    from kdtr.launch import DeviceProblem, make_launcher
+    from kdtr.reference import reference
+    from kdtr.tolerances import default
+
+    monkeypatch.setenv("KDTR_FLASH_SPLITS", "7")
+    monkeypatch.setenv("KDTR_FLASH_MERGE", "0")
+    monkeypatch.setenv("KDTR_FLASH_COMBINE", combine)
+    spec = CaseSpec(model="deepseek-v3", heads=16, prefix_lens=(1500, 900), family="ddtree", budget=64, page_size=64)
+    prob, _ = build_problem(spec)
+    want, tol = reference(prob)[0], default(spec.kv_dtype, spec.out_dtype, "out")
+    dp = DeviceProblem(prob, spec.out_dtype)
+    steps, ws, splits = resolve_kernel(name).steps(dp)
+    expect = (COMBINE_ROWS if combine == "rows" else COMBINE).split("<")[0]
+    assert splits == 7 and len(steps) == 2 and all(e.startswith(expect + "<") for e in steps[1][0].compiled.lowered)
+    go = make_launcher(dp, steps, ws, splits)
+    go()
+    once = dp.download()[0].copy()
+    go()
+    assert np.array_equal(once, dp.download()[0])
+    assert not compare(once, want, tol).status.failed
+    buggy = resolve_kernel(variant_name(name, Bug.MERGE_WRONG_MAX)).run(prob, spec.out_dtype)
+    assert compare(buggy.out, want, tol).status.failed

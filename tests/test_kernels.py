@@ -141,8 +141,8 @@ def test_compile_targets_cover_every_variant():
         assert f"kdtr_naive_verify<__nv_bfloat16, float, {int(bug)}>" in names
     by_file = {s.name: (n, a) for s, n, a in rest}
     assert by_file["flash_verify.cu"][1] == ("sm_80", "sm_90", "sm_120") and by_file["flash_sm90.cu"][1] == ("sm_90a",)
-    assert len(by_file["flash_sm90.cu"][0]) == 2 * 2 * len(Bug) + 2  # bug x out dtype x merge, + 2 combines
-    assert len(by_file["flash_verify.cu"][0]) == 3 * 2 * len(Bug) + 2
+    assert len(by_file["flash_sm90.cu"][0]) == 2 * 2 * len(Bug) + 4  # bug x out dtype x merge, + 2 x 2 combines
+    assert len(by_file["flash_verify.cu"][0]) == 3 * 2 * len(Bug) + 4
 
 
 def test_flash_sm90_skips_other_archs(monkeypatch):
