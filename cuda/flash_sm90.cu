@@ -55,8 +55,8 @@
 //   Compiled for sm_90a only (kdtr.kernels.compile_targets); the launch plan is kdtr/flash.py's.
 //   Experiment knobs (NVRTC -D): KDTR_F90_STAGES=3 or 4 with KDTR_F90_EXPERIMENT to lift the 99 KB
 //   assert (129 / 166 KB: copies one or two more tiles ahead; docs/PERF.md); KDTR_F90_PROFILE: cycles
-//   per main-loop section into kdtr_f90_prof (scripts/f90_profile.py); KDTR_F90_NO_TMA: every tile
-//   through cp.async (the A/B of docs/PERF.md, session 6).
+//   per main-loop section (and the prologue's steps) into kdtr_f90_prof (scripts/f90_profile.py);
+//   KDTR_F90_NO_TMA: every tile through cp.async (the A/B of docs/PERF.md, session 6).
 
 #include <cuda_bf16.h>
 
@@ -147,7 +147,7 @@ struct __align__(64) KvTensorMap {
 // adds). Slots: producer 0-4, consumers 5-9 (first consumer warpgroup), tiles walked 10, CTAs 11.
 // Without the knob every Laps call compiles to nothing.
 #ifdef KDTR_F90_PROFILE
-extern "C" __device__ unsigned long long kdtr_f90_prof[16] = {};
+extern "C" __device__ unsigned long long kdtr_f90_prof[24] = {};
 #endif
 namespace f90 {
 constexpr int PROF_PRODUCER = 0, PROF_CONSUMER = 5;
@@ -177,10 +177,11 @@ struct Laps {
 };
 // The same experiment, per CTA outside the loop: slot 12 the producer's cycles from kernel entry to
 // its first tile, 13 the consumers' from their last tile to the partials written, 14 / 15 the CTA's
-// cycles / globaltimer ns from entry to the consumers' end (their ratio is the SM clock).
+// cycles / globaltimer ns from entry to the consumers' end (their ratio is the SM clock); 16-18 the
+// producer's cycles from entry to: its split known, the tail-tile scan done, Q's registers loaded.
 struct CtaPhases {
 #ifdef KDTR_F90_PROFILE
-  static constexpr int PROLOGUE = 12, EPILOGUE = 13, CYCLES = 14, NS = 15;
+  static constexpr int PROLOGUE = 12, EPILOGUE = 13, CYCLES = 14, NS = 15, SPLIT = 16, SCAN = 17, QREGS = 18;
   long long c0 = 0, n0 = 0, mark = 0;
   __device__ __forceinline__ static long long ns() {
     long long n;
@@ -193,6 +194,12 @@ struct CtaPhases {
     if ((threadIdx.x & 127) == 0) atomicAdd(&kdtr_f90_prof[slot], (unsigned long long)v);
   }
   __device__ __forceinline__ void prologue_done() const { add(PROLOGUE, clock64() - c0); }
+  __device__ __forceinline__ static void wait_for(unsigned v) { asm volatile("" ::"r"(v)); }
+  template <typename... V>
+  __device__ __forceinline__ void reached(int slot, V... landed) const {  // after the loads of `landed`
+    (wait_for((unsigned)landed), ...);
+    if (threadIdx.x == 0) atomicAdd(&kdtr_f90_prof[slot], (unsigned long long)(clock64() - c0));
+  }
   __device__ __forceinline__ void epilogue_done() const { add(EPILOGUE, clock64() - mark); }
   __device__ __forceinline__ void finish() const {
     add(CYCLES, clock64() - c0);
@@ -202,6 +209,8 @@ struct CtaPhases {
   __device__ __forceinline__ void start() {}
   __device__ __forceinline__ void begin() {}
   __device__ __forceinline__ void prologue_done() const {}
+  template <typename... V>
+  __device__ __forceinline__ void reached(int, V...) const {}
   __device__ __forceinline__ void epilogue_done() const {}
   __device__ __forceinline__ void finish() const {}
 #endif
@@ -377,6 +386,7 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
 
   // ---- this CTA's keys: prefix range [kp_lo, kp_hi) of its split, plus the tail if last ----
   const kdtr::SplitKeys keys = kdtr::split_keys<BN, BUG>(P, T, split, nsplit);
+  phases.reached(16, keys.lo);
   const int kp_lo = keys.lo, kp_hi = keys.hi, n_pre = keys.n_pre;
   const bool has_tail = keys.has_tail;
 
@@ -398,6 +408,7 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
   }
   __syncthreads();
   const int n_tiles = n_pre + *n_tail_s;
+  phases.reached(17, n_tiles);
   // first key of tile i: prefix tiles from kp_lo, tail tile w at P + 32 w
   auto tile_key0 = [&](int i) { return i < n_pre ? kp_lo + i * BN : P + tail_tiles[i - n_pre] * BN; };
   const unsigned kv_base = (kdtr::smem_addr(smem) + Smem::kv + 1023u) & ~1023u;  // swizzle atoms: 1 KB
@@ -429,6 +440,7 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
         qf[ks][3] = kdtr::ld_u32(qb + (long long)rb * KDTR_DK + k + 8);
       }
     }
+    phases.reached(18, qf[QREG_KSTEPS - 1][0], qf[QREG_KSTEPS - 1][1], qf[QREG_KSTEPS - 1][2], qf[QREG_KSTEPS - 1][3]);
     // Q's RoPE columns: one swizzled K-major slab in shared memory (zeros for the planted no-rope bug)
     const unsigned qrope = kv_base + STAGES * STAGE_BYTES;
 #pragma unroll

@@ -5,8 +5,8 @@ scripts/wgmma_probe.py. A timing aid for docs/PERF.md: nothing here is checked.
 
     python3 scripts/f90_profile.py [default|small] [LABEL=OPTS ...]   (the plain build unless knobs are given)
 
-"small": the compute shapes with few tiles per CTA, where the per-CTA lines (prologue, epilogue,
-whole CTA in cycles and us) say how much lies outside the loop.
+"small": the compute shapes with few tiles per CTA, "decode": Kimi B1; the per-CTA lines (prologue
+and its steps, epilogue, whole CTA in cycles and us) say how much lies outside the loop.
 """
 import sys
 
@@ -20,6 +20,7 @@ CONSUMER = ("P-full wait", "alpha+P V issue", "P V wait", "both-consumer bar", "
 SETS = {
     "default": (bench.grid(["deepseek-v3"], [8], [256], [32768], [1]) + bench.grid(["deepseek-v3"], [8], [64], [8192], [1])
                 + bench.grid(["kimi-k2"], [8], [0], [32768], [32, 1]) + bench.grid(["kimi-k2"], [8], [8], [32768], [32])),
+    "decode": bench.grid(["kimi-k2"], [8], [0, 4, 8], [32768], [1]),
     "small": (bench.grid(["deepseek-v3"], [8], [64], [8192], [1, 8]) + bench.grid(["deepseek-v3"], [8], [64], [32768], [1])
               + bench.grid(["deepseek-v3"], [8], [256], [8192], [1]) + bench.grid(["deepseek-v3"], [8], [256], [32768], [1])),
 }
@@ -35,7 +36,7 @@ for label, opts in variants.items():
         go = make_launcher(dp, steps, ws, splits)
         go()  # warm-up: clocks, caches
         main = steps[0][0]  # the main kernel's module holds the counters (the combine's has its own)
-        prof = cp.ndarray((16,), cp.uint64, main.module.get_global("kdtr_f90_prof"))
+        prof = cp.ndarray((24,), cp.uint64, main.module.get_global("kdtr_f90_prof"))
         prof[:] = 0
         go()
         cp.cuda.runtime.deviceSynchronize()
@@ -49,3 +50,5 @@ for label, opts in variants.items():
         loop = v[5:10].sum() / ctas
         print(f"  per CTA: prologue {v[12] / ctas:7.0f}  loop {loop:8.0f}  epilogue {v[13] / ctas:7.0f}  "
               f"whole {v[14] / ctas:8.0f} cycles = {v[15] / ctas / 1e3:6.1f} us  (SM clock {v[14] / v[15]:.2f} GHz)")
+        print(f"  producer from entry: split known {v[16] / ctas:6.0f}  tail scan done {v[17] / ctas:6.0f}  "
+              f"Q registers loaded {v[18] / ctas:6.0f}  first tile may start {v[12] / ctas:6.0f} cycles")
