@@ -294,6 +294,46 @@ __device__ __forceinline__ void st_shared_u32(unsigned addr, unsigned v) {
   asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
 }
 
+// The 4 lanes of a quad (lane tq) hold a 4 x 4 block e[c] = M[tq][c]; afterwards e[s] = M[s][tq]. Two
+// butterfly stages (partner tq ^ 1, then tq ^ 2), each lane sending two of its four words per stage.
+__device__ __forceinline__ void quad_transpose(unsigned (&e)[4], int tq) {
+#pragma unroll
+  for (int k = 1; k <= 2; k <<= 1) {
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      if (c & k) continue;
+      const bool hi = tq & k;
+      const unsigned got = __shfl_xor_sync(0xffffffffu, hi ? e[c] : e[c | k], k);
+      if (hi) e[c] = got;
+      else e[c | k] = got;
+    }
+  }
+}
+
+// Q's latent columns as the producer's wgmma A fragments: rows row (h = 0) and row + 8 (h = 1), a row past
+// R reading row R - 1 (masked later). Thread (g, tq) needs 4-byte word tq of every 16-byte chunk c of its
+// rows: qf[c / 2][2 (c % 2) + h]. Lane tq of a quad loads chunks 4 m + tq whole and the quad transposes
+// each 4 x 4 block: a quarter of the load instructions (and L1 wavefronts) of one 4-byte load per word,
+// which made Q's load ~3 200 cycles of a CTA's prologue (docs/PERF.md, session 6). The two rows' loads
+// interleave (row-by-row order spilled in the planted no-rope variants).
+__device__ __forceinline__ void load_q_fragments(unsigned (&qf)[QREG_KSTEPS][4], const __nv_bfloat16* qb, int row, int R,
+                                                 int tq) {
+  static_assert(QREG_KSTEPS == 32, "64 chunks of 16 bytes per row: 16 blocks of 4 per quad");
+  const uint4* src[2] = {reinterpret_cast<const uint4*>(qb + (long long)min(row, R - 1) * KDTR_DK),
+                         reinterpret_cast<const uint4*>(qb + (long long)min(row + 8, R - 1) * KDTR_DK)};
+#pragma unroll
+  for (int m = 0; m < 16; ++m) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const uint4 v = src[h][4 * m + tq];
+      unsigned e[4] = {v.x, v.y, v.z, v.w};
+      quad_transpose(e, tq);
+#pragma unroll
+      for (int s = 0; s < 4; ++s) qf[(4 * m + s) >> 1][(((4 * m + s) & 1) << 1) | h] = e[s];
+    }
+  }
+}
+
 // D[64 x 32] (+)= A[64 x 16] (registers) * B[16 x 32] (shared, descriptor); TRANS_B: B is MN-major.
 template <int TRANS_B>
 __device__ __forceinline__ void wgmma_m64n32k16(float (&d)[16], const unsigned (&a)[4], unsigned long long desc, int accumulate) {
@@ -429,17 +469,7 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
     // Q's latent columns as wgmma A fragments: rows ww*16 + g (+8), k-steps 0..31
     const __nv_bfloat16* qb = static_cast<const __nv_bfloat16*>(p.q) + (long long)b * R * KDTR_DK;
     unsigned qf[QREG_KSTEPS][4];
-    {
-      const int ra = min(r0 + ww * 16 + g, R - 1), rb = min(r0 + ww * 16 + g + 8, R - 1);  // rows past R: masked later
-#pragma unroll
-      for (int ks = 0; ks < QREG_KSTEPS; ++ks) {
-        const int k = ks * 16 + 2 * tq;
-        qf[ks][0] = kdtr::ld_u32(qb + (long long)ra * KDTR_DK + k);
-        qf[ks][1] = kdtr::ld_u32(qb + (long long)rb * KDTR_DK + k);
-        qf[ks][2] = kdtr::ld_u32(qb + (long long)ra * KDTR_DK + k + 8);
-        qf[ks][3] = kdtr::ld_u32(qb + (long long)rb * KDTR_DK + k + 8);
-      }
-    }
+    load_q_fragments(qf, qb, r0 + ww * 16 + g, R, tq);
     phases.reached(18, qf[QREG_KSTEPS - 1][0], qf[QREG_KSTEPS - 1][1], qf[QREG_KSTEPS - 1][2], qf[QREG_KSTEPS - 1][3]);
     // Q's RoPE columns: one swizzled K-major slab in shared memory (zeros for the planted no-rope bug)
     const unsigned qrope = kv_base + STAGES * STAGE_BYTES;
