@@ -768,7 +768,7 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
     if (c == 0) phases.epilogue_done();
     if (MERGE && !direct) {  // the merge scratch reuses KV stage 0: every tile is done
       float* red = reinterpret_cast<float*>(smem + (kv_base - kdtr::smem_addr(smem)));
-      kdtr::merge_in_kernel<OutT, COMBINE_WARPS>(p, b, blockIdx.x, r0, min(BM, R - r0), tid - 128, red,
+      kdtr::merge_in_kernel<OutT, COMBINE_WARPS, BM>(p, b, blockIdx.x, r0, min(BM, R - r0), tid - 128, red,
                                                  reinterpret_cast<int*>(red + COMBINE_RED_FLOATS),
                                                  [] { f90::bar_sync(f90::BAR_CONS, 256); });
     }

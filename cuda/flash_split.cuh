@@ -153,19 +153,19 @@ __device__ __forceinline__ void merge_row(const KdtrParams& p, int row, int b, i
 
 // The merge inside a main kernel, for a grid whose CTAs are all resident at once (one wave;
 // kdtr/flash.py checks). Called by NWARPS warps (thread t: 0 .. 32 * NWARPS - 1) of every CTA of
-// (request b, row tile rt) once this CTA's partials are written. Each CTA fences them and takes a
+// (request b, row tile rt of BM rows) once this CTA's partials are written. Each CTA fences them and takes a
 // ticket; the last `mergers` to arrive merge, the others leave. The merge units are (row,
 // 128-column group) of rows [r0, r0 + nrows), unit u going to merger u % mergers. A merger waits
 // until every split has arrived: by then all but mergers - 1 CTAs of the row tile have finished
 // and freed their SMs, so waiting CTAs never hold the GPU for the whole kernel (first arrivals
 // waiting would; docs/PERF.md, session 5). The last merger to finish zeroes the two counters for
 // the next launch.
-template <typename OutT, int NWARPS, typename Sync>
+template <typename OutT, int NWARPS, int BM, typename Sync>
 __device__ __forceinline__ void merge_in_kernel(const KdtrParams& p, int b, int rt, int r0, int nrows, int t,
                                                 float* red, int* ticket_s, Sync sync) {
   constexpr int GROUPS = KDTR_DV / 128;  // 128-column units per row
   const int R = p.T * p.H, S = p.num_splits, units = nrows * GROUPS, mergers = min(S, units);
-  const int row_tiles = (R + 63) / 64;  // flash-sm90's 64-row tiles
+  const int row_tiles = (R + BM - 1) / BM;  // the caller's row tiles of BM rows
   unsigned* ctr = reinterpret_cast<unsigned*>(static_cast<float*>(p.workspace) + (long long)p.B * S * R * (KDTR_DV + 1)) +
                   2 * ((long long)b * row_tiles + rt);  // [arrived, merged]
   __threadfence();  // this thread's partials before the ticket (the caller's barrier orders the rest)
