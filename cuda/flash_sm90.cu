@@ -4,8 +4,7 @@
 //   kdtr_flash90_verify<OutT, BUG>   one CTA = 64 query rows of one request (rows r = node*H + head)
 //                                    x one KV split of that request; 3 warpgroups, 384 threads.
 //   kdtr_flash_combine<OutT>,        the split merges shared with flash_verify.cu (flash_split.cuh);
-//   kdtr_flash_combine_rows<OutT>
-//                                    one-wave grids merge inside the main kernel instead (MERGE = 1).
+//   kdtr_flash_combine_rows<OutT>    one-wave grids merge inside the main kernel instead (MERGE = 1).
 //
 // Design (SPEC sections 1, 3, 5; the same operator, split plan and workspace as flash_verify.cu)
 //   * wgmma.mma_async (m64nNk16, bf16 in, fp32 accumulate): the tensor cores read the KV tile
@@ -32,7 +31,7 @@
 //       conflict-free stores), one address per key, the 9 slabs at immediate offsets, the
 //       block-table entry read a tile earlier (docs/PERF.md, session 4); "tile landed" is a named
 //       barrier.
-//   * Splits: partial (out, lse) merged by kdtr_flash_combine, or, on one-wave decode grids
+//   * Splits: partial (out, lse) merged by kdtr_flash_combine(_rows), or, on one-wave decode grids
 //     (MERGE = 1, kdtr/flash.py), inside this kernel by the last splits of each row tile to
 //     finish (kdtr::merge_in_kernel).
 //   * Tree tail in the same pass: only tail tiles some row of the CTA sees are loaded; each row's
@@ -180,8 +179,8 @@ struct Laps {
 // cycles / globaltimer ns from entry to the consumers' end (their ratio is the SM clock); 16-18 the
 // producer's cycles from entry to: its split known, the tail-tile scan done, Q's registers loaded.
 struct CtaPhases {
-#ifdef KDTR_F90_PROFILE
   static constexpr int PROLOGUE = 12, EPILOGUE = 13, CYCLES = 14, NS = 15, SPLIT = 16, SCAN = 17, QREGS = 18;
+#ifdef KDTR_F90_PROFILE
   long long c0 = 0, n0 = 0, mark = 0;
   __device__ __forceinline__ static long long ns() {
     long long n;
@@ -407,6 +406,7 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
   using kdtr::LOG2E;
 
   extern __shared__ __align__(128) unsigned char smem[];
+  const unsigned bars = kdtr::smem_addr(smem) + Smem::bars;  // u64 mbarrier of stage st at bars + 8 st
   CtaPhases phases;
   phases.start();
   int* live = reinterpret_cast<int*>(smem + Smem::live);
@@ -426,7 +426,7 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
 
   // ---- this CTA's keys: prefix range [kp_lo, kp_hi) of its split, plus the tail if last ----
   const kdtr::SplitKeys keys = kdtr::split_keys<BN, BUG>(P, T, split, nsplit);
-  phases.reached(16, keys.lo);
+  phases.reached(CtaPhases::SPLIT, keys.lo);
   const int kp_lo = keys.lo, kp_hi = keys.hi, n_pre = keys.n_pre;
   const bool has_tail = keys.has_tail;
 
@@ -443,16 +443,15 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
     for (int w = 0; w < W && w < MAX_TAIL_TILES; ++w)
       if (live[w]) tail_tiles[n++] = w;
     *n_tail_s = has_tail ? n : 0;
-    for (int st = 0; st < STAGES; ++st) mbar_init(kdtr::smem_addr(smem) + Smem::bars + st * 8, 1);
+    for (int st = 0; st < STAGES; ++st) mbar_init(bars + st * 8, 1);
     mbar_init_fence();
   }
   __syncthreads();
   const int n_tiles = n_pre + *n_tail_s;
-  phases.reached(17, n_tiles);
+  phases.reached(CtaPhases::SCAN, n_tiles);
   // first key of tile i: prefix tiles from kp_lo, tail tile w at P + 32 w
   auto tile_key0 = [&](int i) { return i < n_pre ? kp_lo + i * BN : P + tail_tiles[i - n_pre] * BN; };
   const unsigned kv_base = (kdtr::smem_addr(smem) + Smem::kv + 1023u) & ~1023u;  // swizzle atoms: 1 KB
-  const unsigned bars = kdtr::smem_addr(smem) + Smem::bars;  // + 8 stage
   // TMA tiles: the full prefix tiles when every 32-key tile lies in one page (page_size a multiple of
   // BN; splits start on tile boundaries); the last partial prefix tile, the tree tail and 1-token
   // pages go through the consumers' cp.async. The planted page bug needs per-key pages: cp.async.
@@ -470,7 +469,7 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
     const __nv_bfloat16* qb = static_cast<const __nv_bfloat16*>(p.q) + (long long)b * R * KDTR_DK;
     unsigned qf[QREG_KSTEPS][4];
     load_q_fragments(qf, qb, r0 + ww * 16 + g, R, tq);
-    phases.reached(18, qf[QREG_KSTEPS - 1][0], qf[QREG_KSTEPS - 1][1], qf[QREG_KSTEPS - 1][2], qf[QREG_KSTEPS - 1][3]);
+    phases.reached(CtaPhases::QREGS, qf[QREG_KSTEPS - 1][0], qf[QREG_KSTEPS - 1][1], qf[QREG_KSTEPS - 1][2], qf[QREG_KSTEPS - 1][3]);
     // Q's RoPE columns: one swizzled K-major slab in shared memory (zeros for the planted no-rope bug)
     const unsigned qrope = kv_base + STAGES * STAGE_BYTES;
 #pragma unroll
@@ -669,7 +668,7 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
     // for 9 (docs/PERF.md, session 6).
     const bool tma_issuer = tid == 128;
     auto tma_tile_copy = [&](int i, const KeyRow& k) {
-      const int stage = i % STAGES, row = k.page * p.page_size + k.in_page;
+      const int stage = i % STAGES, row = (int)kdtr::kv_slot(p, k.page, k.in_page);  // the map's rows are slots
       mbar_expect_tx(bars + stage * 8, STAGE_BYTES);
       tma_load_3d(kv_base + stage * STAGE_BYTES, &kv_map, 0, row, 0, bars + stage * 8);
     };

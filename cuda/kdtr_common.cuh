@@ -55,8 +55,11 @@ __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { re
 
 // Element offset into kv_cache of the row holding slot `offset` of the request's `page_index`-th
 // page. 64-bit: num_pages * page_size * 576 exceeds 2^31 for long batches.
+__device__ __forceinline__ long long kv_slot(const KdtrParams& p, int page, int offset) {
+  return (long long)page * p.page_size + offset;  // cache row (slot); `page`: a block-table entry
+}
 __device__ __forceinline__ long long kv_page_row(const KdtrParams& p, int page, int offset) {
-  return ((long long)page * p.page_size + offset) * KDTR_DK;  // `page`: a block-table entry
+  return kv_slot(p, page, offset) * KDTR_DK;
 }
 __device__ __forceinline__ long long kv_row_offset(const KdtrParams& p, int b, int page_index, int offset) {
   return kv_page_row(p, p.block_table[(long long)b * p.max_pages + page_index], offset);

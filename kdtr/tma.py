@@ -1,7 +1,7 @@
 """Hopper tensor maps (TMA descriptors) of the KV cache, encoded by the CUDA driver.
 
-flash-sm90 copies its full prefix tiles with ``cp.async.bulk.tensor``: one instruction per
-64-column slab of a 32-key tile, swizzled by the copy engine (cuda/flash_sm90.cu). The engine
+flash-sm90 copies each full prefix tile with one ``cp.async.bulk.tensor`` box, laid out and
+swizzled by the copy engine as the kernel's stages want it (cuda/flash_sm90.cu). The engine
 needs a 128-byte ``CUtensorMap`` built on the host by ``cuTensorMapEncodeTiled``; it travels to
 the kernel by value as a second parameter. The spec below is pure arithmetic (tested without a
 GPU); ``encode`` calls the driver through ctypes, so neither this module nor its callers need
@@ -36,30 +36,29 @@ class TmaUnavailable(RuntimeError):
 
 @dataclass(frozen=True)
 class KvMapSpec:
-    """A tiled map over the cache's rows. Rank 2: (columns, slots), one box per 64-column slab.
-    Rank 3: (64 columns, slots, slabs), the slab dimension outermost with a 128-byte stride, so one
-    box is a whole tile laid out slab by slab as the kernel keeps it."""
+    """A rank-3 tiled map over the cache: (slab columns, slots, slabs), the slab dimension outermost
+    with a 128-byte stride, so one box is a whole tile laid out slab by slab as the kernel keeps it."""
 
-    dims: tuple[int, ...]
-    """Elements per dimension, innermost first: (576, slots) or (64, slots, 9)."""
-    strides: tuple[int, ...]
-    """Bytes between neighbours along dimensions 1.. (rank - 1 entries): (1152,) or (1152, 128)."""
-    box: tuple[int, ...]
-    """Elements one copy brings in, per dimension: (64, BN) or (64, BN, 9)."""
+    dims: tuple[int, int, int]
+    """Elements per dimension, innermost first: (64, slots, 9)."""
+    strides: tuple[int, int]
+    """Bytes to the next slot and to the next slab: (1152, 128)."""
+    box: tuple[int, int, int]
+    """Elements one copy brings in, per dimension: (64, BN, 9)."""
     elem_bytes: int = 2
     """bf16."""
 
     def __post_init__(self):
-        if not 2 <= len(self.dims) <= 3 or len(self.box) != len(self.dims) or len(self.strides) != len(self.dims) - 1:
+        if len(self.dims) != 3 or len(self.box) != 3 or len(self.strides) != 2:
             raise ValueError(f"tensor map rank: dims {self.dims}, strides {self.strides}, box {self.box} disagree")
-        cols, rows = self.dims[:2]
+        cols, rows, slabs = self.dims
         if cols < 1 or rows < 1 or rows >= 2**31:
             raise ValueError(f"tensor map dims {self.dims}: need 1 <= columns and 1 <= rows < 2^31")
         if any(st % 16 for st in self.strides) or self.strides[0] < cols * self.elem_bytes:
             raise ValueError(f"strides {self.strides} B: must be multiples of 16, the first covering a row")
         if self.box[0] * self.elem_bytes != SWIZZLE_128B_ROW_BYTES:
             raise ValueError(f"box of {self.box[0]} columns: a 128-byte swizzle needs 128-byte box rows")
-        if not all(1 <= b <= 256 for b in self.box[1:]) or any(d % b for d, b in zip(self.dims[::2], self.box[::2])):
+        if not all(1 <= b <= 256 for b in self.box[1:]) or cols % self.box[0] or slabs % self.box[2]:
             raise ValueError(f"box {self.box}: rows 1..256 and whole boxes across {self.dims}")
 
 
@@ -93,7 +92,7 @@ def encode(spec: KvMapSpec, address: int) -> np.ndarray:
     fn = _encode_fn()
     raw = np.zeros(MAP_BYTES + 64, np.uint8)  # the driver wants the map 64-byte aligned
     start = -raw.ctypes.data % 64
-    u32, u64, rank = ctypes.c_uint32, ctypes.c_uint64, len(spec.dims)
+    u32, u64, rank = ctypes.c_uint32, ctypes.c_uint64, 3
     rc = fn(raw.ctypes.data + start, DATA_TYPE_BFLOAT16, rank, address, (u64 * rank)(*spec.dims),
             (u64 * (rank - 1))(*spec.strides), (u32 * rank)(*spec.box), (u32 * rank)(*([1] * rank)), INTERLEAVE_NONE,
             SWIZZLE_128B, L2_PROMOTION_256B, OOB_FILL_ZEROS)
