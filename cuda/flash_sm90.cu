@@ -1,8 +1,11 @@
 // flash_sm90.cu -- the Hopper kernel: tree-verify MLA attention on wgmma (sm_90a only).
 //
 // What is in it
-//   kdtr_flash90_verify<OutT, BUG>   one CTA = 64 query rows of one request (rows r = node*H + head)
-//                                    x one KV split of that request; 3 warpgroups, 384 threads.
+//   kdtr_flash90_verify<OutT, BUG, MERGE, XR>
+//                                    one CTA = 64 query rows of one request (rows r = node*H + head)
+//                                    x one KV split of that request; 3 warpgroups, 384 threads. XR = 8:
+//                                    the last row tile also takes the request's 1..8 rows past a
+//                                    multiple of 64 (Kimi T9: 72 rows in one CTA).
 //   kdtr_flash_combine<OutT>,        the split merges shared with flash_verify.cu (flash_split.cuh);
 //   kdtr_flash_combine_rows<OutT>    one-wave grids merge inside the main kernel instead (MERGE = 1).
 //
@@ -36,6 +39,14 @@
 //     finish (kdtr::merge_in_kernel).
 //   * Tree tail in the same pass: only tail tiles some row of the CTA sees are loaded; each row's
 //     mask word decides visibility. Full prefix tiles skip the mask arithmetic.
+//   * Transposed rows (XR = 8, where kdtr/flash.py's cost model says they pay: many requests): rows
+//     64..71 become the N of S^T = K Q_x^T (m64n8k16 wgmma in S's group, the tile as A), their
+//     softmax runs on producer warps 0-1 (keys 0-31; the two warps swap row maxima through shared
+//     memory), P_x goes to the consumers beside P, and each consumer warp adds its 64 columns of
+//     O^T += V^T P_x^T with mma.sync (ldmatrix.trans of the tile). Not wgmma there: its accumulators
+//     sit above the 24 low registers and 128 + 16 of them do not fit a consumer's 160; mma.sync
+//     waits for the tensor pipe behind the wgmma in flight, so a 72-row tile costs ~1.8 64-row ones
+//     (docs/PERF.md, session 7). O^T leaves through shared memory as whole rows.
 //   * Hand-offs are named barriers: "P full" per stage (all 384 threads sync), "tile landed" per
 //     stage (consumers arrive after their copies land, the producer syncs; it also tells the
 //     producer the stage's P buffer is free), "consumers done" (256) and the final statistics.
@@ -44,9 +55,10 @@
 //   * Registers: the producer keeps Q's 512 latent columns as A fragments (128 registers); its 64
 //     RoPE columns sit in shared memory as one more swizzled slab (the last 4 k-steps of S read
 //     both operands from shared memory).
-//   Shared memory: 2 x 36 864 (KV) + 8 KB (Q RoPE) + 2 x 4 KB (P) + 1 KB alignment + row factors and
-//   mbarriers = 92 248 B,
-//   within sm_120's 99 KB like every kdtr kernel (static_assert), though only sm_90a has wgmma.
+//   Shared memory: 2 x 36 864 (KV) + 8 KB (Q RoPE) + 2 x 4 KB (P) + 9 KB (Q_x) + 2 x 512 B (P_x) + row
+//   factors, tail-tile list and mbarriers = 101 280 B, within sm_120's 99 KB like every kdtr kernel
+//   (static_assert), though only sm_90a has wgmma. The base must be 1 KB aligned (swizzle atoms; no
+//   static shared memory, and the kernel traps if not): the 1 KB of slack it used to add is the room Q_x needed.
 //
 // How to run
 //   kdtr verify -k flash-sm90 ci     correctness on the committed goldens (needs an sm_90 GPU)
@@ -100,23 +112,43 @@ constexpr int BAR_P_FULL = 1;                 // + stage: P of the stage's tile 
 constexpr int BAR_TILE = BAR_P_FULL + STAGES;   // + stage: the consumers' copies of the stage's tile landed; they arrive, producer syncs
 constexpr int BAR_STATS = BAR_TILE + STAGES;    // final row statistics written (384)
 constexpr int BAR_CONS = BAR_STATS + 1;         // both consumers' P V of a tile done: its stage may be refilled (256)
+constexpr int BAR_XMAX = BAR_CONS + 1;          // S^T's row maxima exchanged between producer warps 0 and 1 (64)
 
-struct Smem {                                   // byte offsets into dynamic shared memory
+// The transposed rows (template XR = 8): a CTA whose request has R = 64 k + x rows, 0 < x <= XR_MAX,
+// takes the x rows past its 64 as the N of transposed products, S^T = K Q_x^T (m64n8k16, A = the KV
+// tile, K-major; its M rows 32..63 read the next slab and are ignored) and O^T += V^T P_x^T (m64n8k16,
+// A = the tile MN-major), so the KV tile is read once for all 72 rows instead of by a second CTA.
+constexpr int XR_MAX = 8;                       // rows past BM (the wgmma N of the transposed products)
+constexpr int QX_BYTES = SLABS * XR_MAX * 128;  // Q_x [8 x 576]: 9 swizzled K-major slabs of 1 KB
+constexpr int PX_BYTES = XR_MAX * BN * 2;       // one P_x buffer: bf16 [8 x 32] in 4 core matrices of 8 x 16 bytes
+constexpr int SX_REGS = 64 * XR_MAX / 128;      // 4 fp32 of S^T per producer thread
+constexpr int OX_REGS = 64 * XR_MAX / 128;      // 4 fp32 of O^T per consumer thread per 64 columns
+constexpr int ROWS = BM + XR_MAX;               // row slots of the per-row shared arrays
+
+struct Smem {                                   // byte offsets into dynamic shared memory (its base is 1 KB aligned)
   static constexpr int kv = 0;                                      // bf16 [STAGES][SLABS][BN][64], swizzled
   static constexpr int qrope = kv + STAGES * STAGE_BYTES;           // bf16 [BM][64], swizzled (after the KV stages)
   static constexpr int ps = qrope + QROPE_BYTES;                    // bf16 [STAGES][BM x BN] core matrices (P per stage)
-  static constexpr int alpha = ps + STAGES * P_BYTES + 1024;        // float [STAGES][BM] rescale of O; 1 KB: alignment slack
-  static constexpr int stats = alpha + STAGES * BM * 4;             // float [BM] final row sum l
-  static constexpr int live = stats + BM * 4;                       // int [MAX_TAIL_TILES] 0/1
-  static constexpr int tiles = live + MAX_TAIL_TILES * 4;           // int [MAX_TAIL_TILES] live tail tiles
-  static constexpr int count = tiles + MAX_TAIL_TILES * 4;          // int
+  static constexpr int qx = ps + STAGES * P_BYTES;                  // bf16 [SLABS][XR_MAX][64], swizzled (Q_x)
+  static constexpr int px = qx + QX_BYTES;                          // bf16 [STAGES][XR_MAX x BN] core matrices (P_x)
+  static constexpr int alpha = px + STAGES * PX_BYTES;              // float [STAGES][ROWS] rescale of O (and O^T)
+  static constexpr int live = alpha;                                // int [MAX_TAIL_TILES] 0/1; prologue only, before any alpha
+  static constexpr int stats = alpha + STAGES * ROWS * 4;           // float [ROWS] final 1 / l of each row (0: l = 0)
+  static constexpr int xmax = stats;                                // float [STAGES][2][XR_MAX]: S^T's two warps' row
+                                                                    // maxima; before stats is written (producer warps 0-1)
+  static constexpr int tiles = stats + ROWS * 4;                    // u8 [MAX_TAIL_TILES] live tail tiles
+  static constexpr int count = tiles + MAX_TAIL_TILES;              // int
   static constexpr int bars = (count + 4 + 7) & ~7;                 // u64 [STAGES] mbarriers: a TMA tile of the stage landed
   static constexpr int bytes = bars + STAGES * 8;
 };
+static_assert(Smem::qx % 1024 == 0 && Smem::qrope % 1024 == 0, "swizzled operands start on a 1 KB swizzle atom");
+static_assert(MAX_TAIL_TILES * 4 <= STAGES * ROWS * 4 && STAGES * 2 * XR_MAX <= 32,
+              "the aliased arrays fit (xmax within the stats of producer warps 0-1's rows)");
+static_assert(MAX_TAIL_TILES <= 255 && Smem::count % 4 == 0, "tail tiles as bytes");
 #if !defined(KDTR_F90_EXPERIMENT)
 static_assert(Smem::bytes <= 99 * 1024, "shared memory per block must stay within sm_120's 99 KB");
 #endif
-static_assert(STAGES >= 2 && BAR_CONS < 16, "2+ stages, within the 16 named barriers");
+static_assert(STAGES >= 2 && BAR_XMAX < 16, "2+ stages, within the 16 named barriers");
 static_assert(NTHREADS - 128 == BN * 8, "tile copies: one consumer thread per (key, 16-byte chunk) of a 128-byte row");
 static_assert(STAGE_BYTES % 1024 == 0, "every stage starts on a 128-byte-swizzle atom");
 static_assert(TMA_BOX_COLS * 2 == 128 && TMA_BOX_COLS * SLABS == KDTR_DK, "a TMA box row is one 128-byte swizzle row of a slab");
@@ -391,26 +423,65 @@ __device__ __forceinline__ void wgmma_ss_m64n32k16(float (&d)[16], unsigned long
       : "l"(desc_a), "l"(desc_b), "r"(accumulate));
 }
 
+// D[64 x 8] (+)= A[64 x 16] (shared, K-major descriptor) * B[16 x 8] (shared, K-major descriptor).
+__device__ __forceinline__ void wgmma_ss_m64n8k16(float (&d)[4], unsigned long long desc_a, unsigned long long desc_b, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 "
+      "{%0,%1,%2,%3}, %4, %5, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+}
+
+// Reductions over the 8 lanes of a warp that share tq (lanes tq, tq + 4, ..., tq + 28): a column of a
+// wgmma accumulator's 8-row group.
+__device__ __forceinline__ float max_over_g(float x) {
+#pragma unroll
+  for (int off = 4; off < 32; off <<= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, off));
+  return x;
+}
+__device__ __forceinline__ float sum_over_g(float x) {
+#pragma unroll
+  for (int off = 4; off < 32; off <<= 1) x += __shfl_xor_sync(0xffffffffu, x, off);
+  return x;
+}
+
+// P_x's four core matrices (the B fragments of both k-steps of O^T) by ldmatrix: its own copy of the
+// load, so that racecheck names a line that says which hand-off it is.
+__device__ __forceinline__ void ld_px_fragments(unsigned (&r)[4], unsigned addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"  // P_x hand-off (read)
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr) : "memory");  // P_x hand-off (read)
+}
+
+__device__ __forceinline__ void st_shared_u16(unsigned addr, unsigned short v) {  // P_x's stores only
+  asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(addr), "h"(v) : "memory");  // P_x hand-off (write)
+}
+
 }  // namespace f90
 
 // ---------------------------------------------------------------------------------------------
 // kernels
 // ---------------------------------------------------------------------------------------------
 // MERGE: the splits are merged here (kdtr::merge_in_kernel), not by kdtr_flash_combine; only for
-// one-wave grids (kdtr/flash.py).
-template <typename OutT, int BUG, int MERGE>
+// one-wave grids (kdtr/flash.py). XR: 0, or XR_MAX when the last row tile takes the request's
+// 1..XR_MAX rows past a multiple of 64 as transposed rows (kdtr/flash.py decides; see XR_MAX above).
+template <typename OutT, int BUG, int MERGE, int XR>
 __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const KdtrParams p,
                                                                         const __grid_constant__ KvTensorMap kv_map) {
   using namespace f90;
   using kdtr::LN2;
   using kdtr::LOG2E;
 
-  extern __shared__ __align__(128) unsigned char smem[];
-  const unsigned bars = kdtr::smem_addr(smem) + Smem::bars;  // u64 mbarrier of stage st at bars + 8 st
+  static_assert(XR == 0 || XR == XR_MAX, "transposed rows: none or XR_MAX");
+  static_assert(!(MERGE && XR), "a 65..72-row tile merges 260+ units: more than the plan's splits (kdtr/flash.py)");
+  extern __shared__ __align__(1024) unsigned char smem[];
+  const unsigned base = kdtr::smem_addr(smem);  // Smem offsets from here; TMA and wgmma's swizzle need 1 KB alignment
+  if (base & 1023u) __trap();                   // the hardware gives it (no static shared memory); stop loudly if not
+  const unsigned bars = base + Smem::bars;      // u64 mbarrier of stage st at bars + 8 st
   CtaPhases phases;
   phases.start();
   int* live = reinterpret_cast<int*>(smem + Smem::live);
-  int* tail_tiles = reinterpret_cast<int*>(smem + Smem::tiles);
+  unsigned char* tail_tiles = smem + Smem::tiles;
   int* n_tail_s = reinterpret_cast<int*>(smem + Smem::count);
   float* alpha_s = reinterpret_cast<float*>(smem + Smem::alpha);
   float* stats = reinterpret_cast<float*>(smem + Smem::stats);
@@ -421,6 +492,10 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
   const int b = blockIdx.z, split = blockIdx.y, nsplit = p.num_splits;
   const int H = p.H, T = p.T, R = T * H, W = p.mask_words;
   const int r0 = blockIdx.x * BM;
+  // the last row tile's rows past BM (transposed products); the plan leaves at most XR there
+  const int n_extra = XR && blockIdx.x == gridDim.x - 1 ? max(0, min(XR, R - r0 - BM)) : 0;
+  const bool has_x = n_extra > 0;
+  const int r_end = min(R, r0 + BM) + n_extra;  // this CTA's rows: [r0, r_end)
   const int P = p.prefix_lens[b];
   const unsigned* mask_b = p.tree_mask + (long long)b * T * W;
 
@@ -434,7 +509,7 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
   if (tid < MAX_TAIL_TILES) live[tid] = 0;
   __syncthreads();
   if (has_tail)
-    kdtr::for_each_tail_word<BM, NTHREADS, BUG>(mask_b, r0, R, H, W, tid, [&](unsigned word, int w) {
+    kdtr::for_each_tail_word<NTHREADS, BUG>(mask_b, r0, r_end, H, W, tid, [&](unsigned word, int w) {
       if (word) live[w] = 1;
     });
   __syncthreads();
@@ -451,12 +526,13 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
   phases.reached(CtaPhases::SCAN, n_tiles);
   // first key of tile i: prefix tiles from kp_lo, tail tile w at P + 32 w
   auto tile_key0 = [&](int i) { return i < n_pre ? kp_lo + i * BN : P + tail_tiles[i - n_pre] * BN; };
-  const unsigned kv_base = (kdtr::smem_addr(smem) + Smem::kv + 1023u) & ~1023u;  // swizzle atoms: 1 KB
+  const unsigned kv_base = base + Smem::kv;
   // TMA tiles: the full prefix tiles when every 32-key tile lies in one page (page_size a multiple of
   // BN; splits start on tile boundaries); the last partial prefix tile, the tree tail and 1-token
   // pages go through the consumers' cp.async. The planted page bug needs per-key pages: cp.async.
   const bool use_tma = TMA && BUG != KDTR_BUG_PAGE_OFF_BY_ONE && p.page_size % BN == 0;
-  auto tma_tile = [&](int i) { return use_tma && i < n_pre && kp_lo + (i + 1) * BN <= kp_hi; };
+  const int n_tma = use_tma ? (kp_hi - kp_lo) / BN : 0;  // tiles 0 .. n_tma - 1: the full prefix tiles
+  auto tma_tile = [&](int i) { return i < n_tma; };
   const bool direct = nsplit == 1;
   float* ws_o = static_cast<float*>(p.workspace);
   float* ws_lse = ws_o + (long long)p.B * nsplit * R * KDTR_DV;
@@ -481,14 +557,28 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
       asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(qrope + row * 128 + ((j ^ (row & 7)) * 16)),
                    "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w));
     }
+    if (XR && has_x) {  // Q_x: rows r0 + 64 + n as 9 swizzled K-major slabs of 8 rows (zeros past R)
+      const unsigned qx = base + Smem::qx;
+      for (int idx = wtid; idx < XR_MAX * SLABS * 8; idx += 128) {
+        const int n = idx / (SLABS * 8), sl = (idx >> 3) % SLABS, j = idx & 7;
+        uint4 v = make_uint4(0u, 0u, 0u, 0u);
+        if (n < n_extra && !(BUG == KDTR_BUG_NO_ROPE && sl == SLABS - 1))
+          v = *reinterpret_cast<const uint4*>(qb + (long long)(r0 + BM + n) * KDTR_DK + sl * 64 + j * 8);
+        asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(qx + sl * 1024 + n * 128 + ((j ^ (n & 7)) * 16)),
+                     "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w));
+      }
+    }
     fence_async_smem();  // ordered before the first S by the tile barrier below
 
     const int srow0 = r0 + ww * 16 + g;  // this thread's rows: srow0 + 8 h
     const float sc = p.scale * LOG2E * (BUG == KDTR_BUG_SCALE_OFF ? 1.01f : 1.0f);
     float m_run[2] = {kdtr::neg_inf(), kdtr::neg_inf()}, l_run[2] = {0.f, 0.f};  // l: this thread's columns
+    // transposed rows (warps 0-1: S^T's keys 0-31): extra rows 2 tq + j; l over this thread's two keys
+    float mx_run[2] = {kdtr::neg_inf(), kdtr::neg_inf()}, lx_run[2] = {0.f, 0.f};
 
     // descriptors: one per operand base; a k-step adds its byte offset / 16 (addresses < 256 KB: no carry)
     const unsigned long long dq = desc_sw128(qrope, 16, 1024);
+    const unsigned long long dqx = desc_sw128(base + Smem::qx, 16, 1024);
     unsigned tma_phase = 0;  // bit st: parity of stage st's mbarrier for its next TMA tile
     phases.prologue_done();
     Laps laps;
@@ -506,7 +596,7 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
       laps.lap(0);
 
       // S(i) = Q K^T on the tensor cores; K-major B: k-step ks at slab ks/4, 32 bytes per step
-      float s[S_REGS];
+      float s[S_REGS], sx[SX_REGS];
       {
         const unsigned long long dk = desc_sw128(kv_base + stage * STAGE_BYTES, 16, 1024);
         wgmma_fence();
@@ -515,6 +605,15 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
           const unsigned long long d = dk + (((ks >> 2) * SLAB + (ks & 3) * 32) >> 4);
           if (ks < QREG_KSTEPS) wgmma_m64n32k16<0>(s, qf[ks], d, ks > 0);
           else wgmma_ss_m64n32k16(s, dq + (((ks - QREG_KSTEPS) * 32) >> 4), d, 1);
+        }
+        if (XR && has_x) {  // S^T[key, n] = K Q_x^T: the tile as A (K-major), Q_x's slab ks / 4 as B, in S's
+          // group (a second group waited with wait_group 1 made ptxas serialize every wgmma)
+          unsigned long long dka = dk;
+          asm volatile("" : "+l"(dka));  // its own descriptors (reusing S's kept 36 of them live: spills)
+#pragma unroll
+          for (int ks = 0; ks < KSTEPS; ++ks)
+            wgmma_ss_m64n8k16(sx, dka + (((ks >> 2) * SLAB + (ks & 3) * 32) >> 4),
+                                 dqx + (((ks >> 2) * 1024 + (ks & 3) * 32) >> 4), ks > 0);
         }
         wgmma_commit();
       }
@@ -527,21 +626,25 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
       // (docs/PERF.md, session 5).
       const int key0 = tile_key0(i);
       const bool tail_tile = i >= n_pre, partial = key0 + BN > kp_hi || srow0 + 8 >= R;
-      unsigned word[2] = {~0u, ~0u};  // tail tile: the mask word of each row half
+      unsigned word[2] = {~0u, ~0u}, wordx[2] = {~0u, ~0u};  // tail tile: the mask word of each row half / extra row
       if (tail_tile) {
         const int w = (key0 - P) / KDTR_MASK_BITS;
+        auto row_word = [&](int r) {  // row r's mask word w as the kernel reads it; 0 past R
+          if (r >= R) return 0u;
+          const int t = r / H;
+          const unsigned v = kdtr::planted_mask_word<BUG>(mask_b[(long long)t * W + w], t, w);
+          return T - w * 32 < 32 ? v & ((1u << (T - w * 32)) - 1u) : v;  // nodes past T are never visible
+        };
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          word[h] = 0u;
-          if (srow0 + 8 * h < R) {
-            const int t = (srow0 + 8 * h) / H;
-            word[h] = kdtr::planted_mask_word<BUG>(mask_b[(long long)t * W + w], t, w);
-            if (T - w * 32 < 32) word[h] &= (1u << (T - w * 32)) - 1u;  // nodes past T are never visible
-          }
+        for (int h = 0; h < 2; ++h) word[h] = row_word(srow0 + 8 * h);
+        if (XR && has_x && ww < 2) {
+#pragma unroll
+          for (int j = 0; j < 2; ++j) wordx[j] = 2 * tq + j < n_extra ? row_word(r0 + BM + 2 * tq + j) : 0u;
         }
       }
       wgmma_wait<0>();  // after the mask words' loads, so their latency hides under S
       reg_fence(s);
+      if (XR && has_x) reg_fence(sx);
       if (tail_tile) {
 #pragma unroll
         for (int e = 0; e < S_REGS; ++e) {
@@ -586,6 +689,35 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
       }
 #pragma unroll
       for (int h = 0; h < 2; ++h) l_run[h] = l_run[h] * alpha[h] + psum[h];
+      // the transposed rows' softmax: sx[e] is key 16 ww + g + 8 (e / 2) of the tile, extra row
+      // n = 2 tq + e % 2; warps 0 and 1 hold keys 0-15 and 16-31 and exchange their row maxima
+      float ax[2] = {1.f, 1.f};
+      if (XR && has_x && ww < 2) {
+#pragma unroll
+        for (int e = 0; e < SX_REGS; ++e) {
+          const int kx = 16 * ww + g + 8 * (e >> 1);
+          if (tail_tile) sx[e] = ((wordx[e & 1] >> kx) & 1u) ? sx[e] : kdtr::neg_inf();
+          else if (key0 + BN > kp_hi) sx[e] = key0 + kx < kp_hi ? sx[e] : kdtr::neg_inf();
+        }
+        float* xm = reinterpret_cast<float*>(smem + Smem::xmax) + stage * 2 * XR_MAX;  // [warp][n]
+        float mx[2];
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          mx[j] = max_over_g(fmaxf(sx[j], sx[2 + j]));
+          if (g == 0) xm[ww * XR_MAX + 2 * tq + j] = mx[j];
+        }
+        bar_sync(BAR_XMAX, 64);
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const float m_new = fmaxf(mx_run[j], fmaxf(mx[j], xm[(1 - ww) * XR_MAX + 2 * tq + j]) * sc);
+          const float m_use = m_new == kdtr::neg_inf() ? 0.f : m_new;
+          ax[j] = ex2(mx_run[j] - m_use);
+          sx[j] = ex2(fmaf(sx[j], sc, -m_use));
+          sx[2 + j] = ex2(fmaf(sx[2 + j], sc, -m_use));
+          lx_run[j] = lx_run[j] * ax[j] + (sx[j] + sx[2 + j]);
+          mx_run[j] = m_new;
+        }
+      }
       laps.lap(2);
 
       // hand P(i) and alpha(i) to the consumers: the buffer of tile i's stage was last read by
@@ -599,8 +731,20 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
           st_shared_u32(pb + ((row >> 3) * 4 + j) * 128 + (row & 7) * 16 + tq * 4, pack_bf16(s[e], s[e + 1]));
         }
         if (tq == 0) {
-          alpha_s[stage * BM + ww * 16 + g] = alpha[0];
-          alpha_s[stage * BM + ww * 16 + g + 8] = alpha[1];
+          alpha_s[stage * ROWS + ww * 16 + g] = alpha[0];
+          alpha_s[stage * ROWS + ww * 16 + g + 8] = alpha[1];
+        }
+        if (XR && has_x && ww < 2) {  // P_x[n][key] in core matrices: key k, row n at (k / 8) * 128 + n * 16 + (k % 8) * 2
+          const unsigned pxb = base + Smem::px + stage * PX_BYTES;
+#pragma unroll
+          for (int e = 0; e < SX_REGS; ++e) {
+            const int kx = 16 * ww + g + 8 * (e >> 1), n = 2 * tq + (e & 1);
+            st_shared_u16(pxb + (kx >> 3) * 128 + n * 16 + (kx & 7) * 2, __bfloat16_as_ushort(__float2bfloat16_rn(sx[e])));
+          }
+          if (ww == 0 && g == 0) {
+            alpha_s[stage * ROWS + BM + 2 * tq] = ax[0];
+            alpha_s[stage * ROWS + BM + 2 * tq + 1] = ax[1];
+          }
         }
         fence_async_smem();  // P is read by the consumers' wgmma (async proxy)
       }
@@ -611,18 +755,40 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
     laps.flush(PROF_PRODUCER, 5, n_tiles);
 
     // final row statistics: l to the consumers, lse written here
+    auto write_lse = [&](int r, float m, float l) {
+      // lse in natural log; the planted merge bug drops the max from the partials' lse
+      const float lse2 = BUG == KDTR_BUG_MERGE_WRONG_MAX && !direct ? log2f(l) : m + log2f(l);
+      const float lse = l > 0.f ? lse2 * LN2 : kdtr::neg_inf();
+      if (direct) p.lse[(long long)b * R + r] = lse;
+      else ws_lse[((long long)b * nsplit + split) * R + r] = lse;
+    };
+    if (XR && has_x && ww < 2) {  // the transposed rows' l: over g, then across warps 0-1 (xmax sits in stats)
+      float* xm = reinterpret_cast<float*>(smem + Smem::xmax) + (n_tiles % STAGES) * 2 * XR_MAX;  // free since P full of tile n_tiles - 1
+      float l[2];
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        l[j] = sum_over_g(lx_run[j]);
+        if (g == 0) xm[ww * XR_MAX + 2 * tq + j] = l[j];
+      }
+      bar_sync(BAR_XMAX, 64);
+#pragma unroll
+      for (int j = 0; j < 2; ++j) l[j] += xm[(1 - ww) * XR_MAX + 2 * tq + j];
+      bar_sync(BAR_XMAX, 64);  // both warps read xmax before stats overwrites it
+      if (ww == 0 && g == 0) {
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const int n = 2 * tq + j;
+          stats[BM + n] = l[j] > 0.f ? 1.f / l[j] : 0.f;
+          if (n < n_extra) write_lse(r0 + BM + n, mx_run[j], l[j]);
+        }
+      }
+    }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const float l = kdtr::warp_sum<4>(l_run[h]), m = m_run[h];
       const int rl = ww * 16 + g + 8 * h, r = r0 + rl;
-      if (tq == 0) stats[rl] = l;
-      if (tq == 0 && r < R) {
-        // lse in natural log; the planted merge bug drops the max from the partials' lse
-        const float lse2 = BUG == KDTR_BUG_MERGE_WRONG_MAX && !direct ? log2f(l) : m + log2f(l);
-        const float lse = l > 0.f ? lse2 * LN2 : kdtr::neg_inf();
-        if (direct) p.lse[(long long)b * R + r] = lse;
-        else ws_lse[((long long)b * nsplit + split) * R + r] = lse;
-      }
+      if (tq == 0) stats[rl] = l > 0.f ? 1.f / l : 0.f;  // 1 / l: the consumers only multiply
+      if (tq == 0 && r < R) write_lse(r, m, l);
     }
     if (MERGE && !direct) __threadfence();  // lse before the consumers' merge ticket
     bar_arrive(BAR_STATS, NTHREADS);
@@ -636,31 +802,34 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
     // a key row, the stores land XOR-swizzled (conflict-free). A stage is refilled only after both
     // consumers' P V of its tile (a 256-thread barrier), since each copies columns the other reads.
     const int ld_key = (tid - 128) >> 3, ld_chunk = tid & 7;
-    const __nv_bfloat16* kv = static_cast<const __nv_bfloat16*>(p.kv_cache) + ld_chunk * 8;  // this thread's chunk
-    const int* bt = p.block_table + (long long)b * p.max_pages;
+    // the cache and block-table bases stay kernel parameters (uniform registers) and per-thread offsets
+    // are ints: two 64-bit pointers held in the loop pushed the transposed-rows build into spills
+    const int bt_row = b * p.max_pages;  // this request's block-table row
     const bool page_pow2 = (p.page_size & (p.page_size - 1)) == 0;  // 1 and 64: shifts, not divisions
     const int page_shift = __ffs(p.page_size) - 1;
     struct KeyRow {
-      int slot, page, in_page;  // block-table slot (-1: past the range, zero-filled), its entry, offset in the page
+      int page;     // its block-table slot until read_page, then the entry
+      int in_page;  // offset in the page; -1: past the range (zero-filled)
     };
     auto key_slot = [&](int i) {  // this thread's key of tile i, before its block-table entry is read
-      KeyRow k{-1, 0, 0};
+      KeyRow k{0, -1};
       const int j = i < n_tiles ? tile_key0(i) + ld_key : P + T;  // past the last tile: no key
       if (j < (i < n_pre ? kp_hi : P + T)) {
         const int jp = BUG == KDTR_BUG_PAGE_OFF_BY_ONE ? j + 1 : j;
-        k.slot = min(page_pow2 ? jp >> page_shift : jp / p.page_size, p.max_pages - 1);
+        k.page = min(page_pow2 ? jp >> page_shift : jp / p.page_size, p.max_pages - 1);
         k.in_page = page_pow2 ? j & (p.page_size - 1) : j % p.page_size;
       }
       return k;
     };
     auto read_page = [&](KeyRow& k) {
-      if (k.slot >= 0) k.page = bt[k.slot];
+      if (k.in_page >= 0) k.page = p.block_table[bt_row + k.page];
     };
     auto copy_tile = [&](int i, const KeyRow& k) {  // the key's chunk of all 9 slabs; zero-fills past the range
       const unsigned dst = kv_base + (i % STAGES) * STAGE_BYTES + ld_key * 128 + ((ld_chunk ^ (ld_key & 7)) * 16);
-      const __nv_bfloat16* src = kv + (k.slot >= 0 ? kdtr::kv_page_row(p, k.page, k.in_page) : 0ll);
+      const __nv_bfloat16* src = static_cast<const __nv_bfloat16*>(p.kv_cache) + ld_chunk * 8 +
+                                 (k.in_page >= 0 ? kdtr::kv_page_row(p, k.page, k.in_page) : 0ll);
 #pragma unroll
-      for (int sl = 0; sl < SLABS; ++sl) kdtr::cp_async16(dst + sl * SLAB, src + sl * 64, k.slot >= 0);
+      for (int sl = 0; sl < SLABS; ++sl) kdtr::cp_async16(dst + sl * SLAB, src + sl * 64, k.in_page >= 0);
     };
     // A TMA tile: thread 128 (key 0 of the tile, ld_key 0) arms the stage's mbarrier with the tile's
     // bytes and issues one box of the whole tile. Measured against 9 slab boxes from one thread, 9
@@ -702,6 +871,20 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
     float acc[O_REGS];
 #pragma unroll
     for (int e = 0; e < O_REGS; ++e) acc[e] = 0.f;
+    // O^T of the transposed rows, on mma.sync (m16n8k16): warp ww of consumer c owns slab 4 c + ww (64
+    // columns) as 4 m-tiles; accx[j][e] is column 64 (4 c + ww) + 16 j + g + 8 (e / 2) of extra row
+    // n = 2 tq + e % 2. Not wgmma: its accumulators are placed above the 24 low registers, and 128 + 16
+    // of them do not fit the consumers' 168 (ptxas spilled; docs/PERF.md, session 7).
+    float accx[XR ? 4 : 1][OX_REGS];
+    // its ldmatrix addresses: lane l reads row l % 8 of matrix l / 8 = (dv half (l / 8) % 2, key half l / 16);
+    // key k's 16-byte chunk ch of a slab sits at k * 128 + (ch ^ k % 8) * 16, and k % 8 = l % 8
+    const int xa_hi = lane & 6;  // bits 1-2 of the chunk XOR (bit 0 is in xa_row)
+    const unsigned xa_row = (8 * (lane >> 4) + (lane & 7)) * 128 + ((((lane >> 3) ^ lane) & 1) << 4);
+    const unsigned xb_off = (lane >> 3) * 128 + (lane & 7) * 16;  // P_x: core matrix l / 8, row l % 8
+#pragma unroll
+    for (int j = 0; j < (XR ? 4 : 1); ++j)
+#pragma unroll
+      for (int e = 0; e < OX_REGS; ++e) accx[j][e] = 0.f;
 
     Laps laps;
     laps.start();
@@ -709,21 +892,42 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
       const int stage = i % STAGES;  // KV stage and P buffer of tile i
       bar_sync(BAR_P_FULL + stage, NTHREADS);
       laps.lap(0);
-      const float a0 = alpha_s[stage * BM + ww * 16 + g], a1 = alpha_s[stage * BM + ww * 16 + g + 8];
+      const float a0 = alpha_s[stage * ROWS + ww * 16 + g], a1 = alpha_s[stage * ROWS + ww * 16 + g + 8];
       if (__any_sync(0xffffffffu, a0 != 1.f || a1 != 1.f)) {  // the max rarely moves late
 #pragma unroll
         for (int e = 0; e < O_REGS; ++e) acc[e] *= (e & 2) ? a1 : a0;
+      }
+      if (XR && has_x) {  // always: 16 multiplies, and no branch to keep registers for
+        const float x0 = alpha_s[stage * ROWS + BM + 2 * tq], x1 = alpha_s[stage * ROWS + BM + 2 * tq + 1];
+#pragma unroll
+        for (int j = 0; j < (XR ? 4 : 1); ++j)
+#pragma unroll
+          for (int e = 0; e < OX_REGS; ++e) accx[j][e] *= (e & 1) ? x1 : x0;
       }
       // P(i) K-major (no swizzle: LBO = 128 along keys, SBO = 512 along rows); V(i) MN-major
       // (LBO = slab stride, 64 columns; SBO = 8 keys)
       const unsigned tile = kv_base + stage * STAGE_BYTES;
       const unsigned pb = kv_base + STAGES * STAGE_BYTES + QROPE_BYTES + stage * P_BYTES;
+      auto o_t = [&] {  // O^T[col, n] += V^T P_x^T: A = V^T by ldmatrix.trans, B = P_x by ldmatrix
+        unsigned bq[4];  // P_x's 4 core matrices (keys 8 i .. 8 i + 7): B fragments of both k-steps
+        ld_px_fragments(bq, base + Smem::px + stage * PX_BYTES + xb_off);
+        const unsigned xa = tile + (4 * c + ww) * SLAB + xa_row;
+#pragma unroll
+        for (int j = 0; j < (XR ? 4 : 1); ++j)
+#pragma unroll
+          for (int kk = 0; kk < BN / 16; ++kk) {  // 16 columns x 16 keys of V^T: chunk 2 j + (dv half), swizzled
+            unsigned a[4];
+            kdtr::ldsm_x4_trans(a, xa + kk * 2048 + (((2 * j) ^ xa_hi) << 4));
+            kdtr::mma_bf16(accx[j], a, bq[2 * kk], bq[2 * kk + 1]);
+          }
+      };
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < BN / 16; ++kk)
         wgmma_ss_m64n256k16(acc, desc_make(pb + kk * 256, 128, 512, false),
                             desc_sw128(tile + c * 4 * SLAB + kk * 2048, SLAB, 1024), 1);
       wgmma_commit();
+      if (XR && has_x) o_t();  // under P V (before its issue or after its wait measured the same: PERF.md s7)
       if (i + 1 < n_tiles && !tma_tile(i + 1)) {  // while P V(i) runs: tile i+1 (copied STAGES-1 tiles ago) landed
         kdtr::cp_async_wait<STAGES - 2>();
         fence_async_smem();
@@ -748,13 +952,24 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
     phases.begin();
 
     // ---- epilogue: out (one split) or fp32 partials (several) ----
+    // O^T goes to shared memory first, as rows: its registers are free before the 64 rows' stores (held
+    // through them, the build spilled) and the rows leave in whole lines. KV stage n_tiles % STAGES is
+    // free: both consumers finished P V of its last tile before "P full" of tile n_tiles - 1, and
+    // nothing refills it.
+    float* xs = reinterpret_cast<float*>(smem + Smem::kv + (n_tiles % STAGES) * STAGE_BYTES);  // float [XR_MAX][512]
+    if (XR && has_x) {
+#pragma unroll
+      for (int j = 0; j < (XR ? 4 : 1); ++j)
+#pragma unroll
+        for (int e = 0; e < OX_REGS; ++e)
+          xs[(2 * tq + (e & 1)) * KDTR_DV + (4 * c + ww) * 64 + 16 * j + g + 8 * (e >> 1)] = accx[j][e];
+    }
     bar_sync(BAR_STATS, NTHREADS);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int rl = ww * 16 + g + 8 * h, r = r0 + rl;
       if (r >= R) continue;
-      const float l = stats[rl];
-      const float inv = l > 0.f ? 1.f / l : 0.f;
+      const float inv = stats[rl];
       const long long orow = direct ? ((long long)b * R + r) * KDTR_DV : (((long long)b * nsplit + split) * R + r) * KDTR_DV;
 #pragma unroll
       for (int j = 0; j < O_REGS / 4; ++j) {
@@ -764,10 +979,19 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
         else kdtr::store2<float>(ws_o + orow + col, o0, o1);
       }
     }
+    if (XR && has_x) {  // the transposed rows, two columns per thread and step
+      bar_sync(BAR_CONS, 256);  // both halves of O^T staged
+      for (int idx = tid - 128; idx < n_extra * (KDTR_DV / 2); idx += 256) {
+        const int n = idx / (KDTR_DV / 2), col = 2 * (idx % (KDTR_DV / 2)), r = r0 + BM + n;
+        const float inv = stats[BM + n], o0 = xs[n * KDTR_DV + col] * inv, o1 = xs[n * KDTR_DV + col + 1] * inv;
+        if (direct) kdtr::store2<OutT>(static_cast<OutT*>(p.out) + ((long long)b * R + r) * KDTR_DV + col, o0, o1);
+        else kdtr::store2<float>(ws_o + (((long long)b * nsplit + split) * R + r) * KDTR_DV + col, o0, o1);
+      }
+    }
     if (c == 0) phases.epilogue_done();
     if (MERGE && !direct) {  // the merge scratch reuses KV stage 0: every tile is done
-      float* red = reinterpret_cast<float*>(smem + (kv_base - kdtr::smem_addr(smem)));
-      kdtr::merge_in_kernel<OutT, COMBINE_WARPS, BM>(p, b, blockIdx.x, r0, min(BM, R - r0), tid - 128, red,
+      float* red = reinterpret_cast<float*>(smem + Smem::kv);
+      kdtr::merge_in_kernel<OutT, COMBINE_WARPS>(p, b, blockIdx.x, r0, r_end - r0, tid - 128, red,
                                                  reinterpret_cast<int*>(red + COMBINE_RED_FLOATS),
                                                  [] { f90::bar_sync(f90::BAR_CONS, 256); });
     }

@@ -53,13 +53,13 @@ __device__ __forceinline__ unsigned planted_mask_word(unsigned word, int t, int 
   return word;
 }
 
-// Calls mark(word, w) for every mask word w of every tree node that rows [r0, min(R, r0 + BM))
-// of a request belong to (row r is node r / H), as a kernel with planted bug BUG reads them; the
+// Calls mark(word, w) for every mask word w of every tree node that rows [r0, r_end) of a request
+// belong to (row r is node r / H; r_end <= R), as a kernel with planted bug BUG reads them; the
 // NTHREADS threads of the CTA share the words. Kernels mark the tail tiles a word makes live.
-template <int BM, int NTHREADS, int BUG, typename Mark>
-__device__ __forceinline__ void for_each_tail_word(const unsigned* mask_b, int r0, int R, int H, int W, int tid,
+template <int NTHREADS, int BUG, typename Mark>
+__device__ __forceinline__ void for_each_tail_word(const unsigned* mask_b, int r0, int r_end, int H, int W, int tid,
                                                    Mark mark) {
-  const int t_lo = r0 / H, t_hi = (min(R, r0 + BM) - 1) / H;
+  const int t_lo = r0 / H, t_hi = (r_end - 1) / H;
   for (int idx = tid; idx < (t_hi - t_lo + 1) * W; idx += NTHREADS) {
     const int t = t_lo + idx / W, w = idx % W;
     mark(planted_mask_word<BUG>(mask_b[(long long)t * W + w], t, w), w);
@@ -153,19 +153,19 @@ __device__ __forceinline__ void merge_row(const KdtrParams& p, int row, int b, i
 
 // The merge inside a main kernel, for a grid whose CTAs are all resident at once (one wave;
 // kdtr/flash.py checks). Called by NWARPS warps (thread t: 0 .. 32 * NWARPS - 1) of every CTA of
-// (request b, row tile rt of BM rows) once this CTA's partials are written. Each CTA fences them and takes a
+// (request b, row tile rt = blockIdx.x) once this CTA's partials are written. Each CTA fences them and takes a
 // ticket; the last `mergers` to arrive merge, the others leave. The merge units are (row,
 // 128-column group) of rows [r0, r0 + nrows), unit u going to merger u % mergers. A merger waits
 // until every split has arrived: by then all but mergers - 1 CTAs of the row tile have finished
 // and freed their SMs, so waiting CTAs never hold the GPU for the whole kernel (first arrivals
 // waiting would; docs/PERF.md, session 5). The last merger to finish zeroes the two counters for
 // the next launch.
-template <typename OutT, int NWARPS, int BM, typename Sync>
+template <typename OutT, int NWARPS, typename Sync>
 __device__ __forceinline__ void merge_in_kernel(const KdtrParams& p, int b, int rt, int r0, int nrows, int t,
                                                 float* red, int* ticket_s, Sync sync) {
   constexpr int GROUPS = KDTR_DV / 128;  // 128-column units per row
   const int R = p.T * p.H, S = p.num_splits, units = nrows * GROUPS, mergers = min(S, units);
-  const int row_tiles = (R + BM - 1) / BM;  // the caller's row tiles of BM rows
+  const int row_tiles = gridDim.x;  // the caller's row tiles
   unsigned* ctr = reinterpret_cast<unsigned*>(static_cast<float*>(p.workspace) + (long long)p.B * S * R * (KDTR_DV + 1)) +
                   2 * ((long long)b * row_tiles + rt);  // [arrived, merged]
   __threadfence();  // this thread's partials before the ticket (the caller's barrier orders the rest)

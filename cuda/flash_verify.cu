@@ -108,25 +108,10 @@ using kdtr::cp_async16;
 using kdtr::cp_async_commit;
 using kdtr::cp_async_wait;
 using kdtr::ld_u32;
+using kdtr::ldsm_x4;
+using kdtr::ldsm_x4_trans;
+using kdtr::mma_bf16;
 using kdtr::smem_addr;
-
-__device__ __forceinline__ void ldsm_x4(unsigned (&r)[4], unsigned addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
-}
-__device__ __forceinline__ void ldsm_x4_trans(unsigned (&r)[4], unsigned addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
-}
-
-// C[16x8] += A[16x16] (row) * B[16x8] (col), bf16 in, fp32 accumulate.
-__device__ __forceinline__ void mma_bf16(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 
 
 }  // namespace flash
@@ -169,7 +154,7 @@ __global__ void __launch_bounds__(flash::Tile<MT>::NTHREADS, 1) kdtr_flash_verif
   if (tid < LIVE_WORDS) live[tid] = 0;
   __syncthreads();
   if (has_tail)
-    kdtr::for_each_tail_word<BM, NTHREADS, BUG>(mask_b, r0, R, H, W, tid, [&](unsigned word, int w) {
+    kdtr::for_each_tail_word<NTHREADS, BUG>(mask_b, r0, min(R, r0 + BM), H, W, tid, [&](unsigned word, int w) {
       if (word & 0xFFFFu) atomicOr(&live[(2 * w) >> 5], 1u << ((2 * w) & 31));
       if (word >> 16) atomicOr(&live[(2 * w + 1) >> 5], 1u << ((2 * w + 1) & 31));
     });

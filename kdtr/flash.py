@@ -32,7 +32,7 @@ class FlashVariant:
     source: Path
     """The .cu file (includes cuda/flash_split.cuh)."""
     main: str
-    """Name expression of the main kernel; {mt}, {out} and {bug} are filled in."""
+    """Name expression of the main kernel; {mt}, {out}, {bug} (and {merge}, {xr}) are filled in."""
     config_symbol: str
     """extern "C" __constant__ int array holding the tile constants, in config_fields order."""
     config_fields: tuple[str, ...]
@@ -45,6 +45,9 @@ class FlashVariant:
     """The main kernel takes {merge}: 1 merges the splits itself on one-wave grids (no combine launch)."""
     kv_tensor_map: bool = False
     """The main kernel's second parameter is the cache's TMA tensor map (kdtr/tma.py; box from the config)."""
+    extra_rows: int = 0
+    """Rows past 16 * mt the last row tile can take as transposed products (the {xr} template; the
+    kernel's XR_MAX, a test keeps them equal); 0: none."""
 
     def mt_for(self, rows: int) -> int:
         return row_tile_m(rows) if len(self.mts) > 1 else self.mts[0]
@@ -56,10 +59,10 @@ MMA = FlashVariant(
      "COMBINE_THREADS", "COMBINE_MAX_CHUNKS", "COMBINE_ROWS_MAX_SPLITS"),
     (1, 2, 4))
 SM90 = FlashVariant(
-    CUDA_DIR / "flash_sm90.cu", "kdtr_flash90_verify<{out}, {bug}, {merge}>", "kdtr_flash90_config",
+    CUDA_DIR / "flash_sm90.cu", "kdtr_flash90_verify<{out}, {bug}, {merge}, {xr}>", "kdtr_flash90_config",
     ("BN", "STAGES", "MAX_T", "SMEM_MT4", "THREADS_MT4", "COMBINE_THREADS", "COMBINE_MAX_CHUNKS", "TMA_BOX_COLS",
      "TMA_BOX_SLABS", "COMBINE_ROWS_MAX_SPLITS"), (4,),
-    "sm_90a", merges_in_kernel=True, kv_tensor_map=True)
+    "sm_90a", merges_in_kernel=True, kv_tensor_map=True, extra_rows=8)
 
 NS_PER_KEY = 50.0
 """Model: one CTA's time per key of a full tile (~max of MMA time and KV bytes at one SM's share)."""
@@ -68,6 +71,12 @@ COMBINE_BYTES_PER_NS = 3000.0
 LAUNCH_NS = 3000.0
 """Model: the extra combine launch."""
 MIN_KEYS_PER_SPLIT = 64
+XR_TILE_COST = 1.8
+"""Model: a tile of a CTA with transposed rows against one of 64 rows (flash-sm90, H200, session 7:
+3742 vs 2104 cycles per tile on Kimi T9 B32, 4500 vs 2365 on B1)."""
+CTA_FIXED_TILES = {0: 4.7, 8: 8.6}
+"""Model: a CTA's prologue and epilogue in 64-row tiles, without and with transposed rows (same
+runs: ~10 000 and ~18 000 cycles)."""
 MERGE_UNITS_PER_ROW = DV // 128
 """The in-kernel merge works in (row, 128-column group) units, one CTA's 8 warps sharing a unit's
 splits (cuda/flash_split.cuh, merge_in_kernel); it is used only while no CTA gets two units."""
@@ -87,6 +96,8 @@ class FlashPlan:
     """Requests (CTAs along z)."""
     merge: bool = False
     """The main kernel merges the splits (one-wave grid, kernel able to); else the combine launch does."""
+    xr: int = 0
+    """The {xr} template: the last row tile also takes the 1..xr rows past a multiple of 16 * mt (0: none)."""
 
     @property
     def grid(self) -> tuple[int, int, int]:
@@ -129,16 +140,23 @@ def tiles_per_split(P: int, T: int, splits: int, bn: int) -> int:
     return max(last, -(-(b - a) // bn))
 
 
+def plan_cost(prefix_max: int, T: int, bn: int, base_ctas: int, rows: int, B: int, slots: int, s: int,
+              tile_cost: float = 1.0, fixed_tiles: float = 0.0) -> float:
+    """Model, ns: waves * (keys per CTA * tile_cost + a CTA's fixed tiles) + the combine's traffic."""
+    waves = math.ceil(base_ctas * s / slots)
+    cost = waves * (tiles_per_split(prefix_max, T, s, bn) * tile_cost + fixed_tiles) * bn * NS_PER_KEY
+    if s > 1:
+        cost += B * rows * 4096 * s * 2 / COMBINE_BYTES_PER_NS + LAUNCH_NS
+    return cost
+
+
 def choose_splits(prefix_max: int, T: int, bn: int, base_ctas: int, rows: int, B: int, slots: int) -> int:
     """Split count minimising waves * keys-per-CTA + combine traffic; slots = resident CTAs on the GPU."""
     if prefix_max <= MIN_KEYS_PER_SPLIT:
         return 1
     best, best_cost = 1, math.inf
     for s in range(1, min(256, prefix_max // MIN_KEYS_PER_SPLIT) + 1):
-        waves = math.ceil(base_ctas * s / slots)
-        cost = waves * tiles_per_split(prefix_max, T, s, bn) * bn * NS_PER_KEY
-        if s > 1:
-            cost += B * rows * 4096 * s * 2 / COMBINE_BYTES_PER_NS + LAUNCH_NS
+        cost = plan_cost(prefix_max, T, bn, base_ctas, rows, B, slots, s)
         if cost < best_cost - 1e-9:
             best, best_cost = s, cost
     return best
@@ -171,24 +189,45 @@ def combine_launch(R: int, B: int, splits: int, sm_count: int, cfg: dict, force:
     return COMBINE, (R, B, chunks)
 
 
+def extra_row_tiles(rows: int, tile: int, extra_rows: int) -> tuple[int, int]:
+    """(row tiles, xr): a remainder of 1..extra_rows rows past a multiple of ``tile`` can ride in the
+    last tile as transposed products instead of a CTA of its own (Kimi T9: 72 rows, one CTA)."""
+    tiles, rem = -(-rows // tile), rows % tile
+    if extra_rows and rows > tile and 0 < rem <= extra_rows:
+        return tiles - 1, extra_rows
+    return tiles, 0
+
+
 def plan(B: int, T: int, H: int, prefix_max: int, sm_count: int, bn: int, bug: int = 0, mt: int | None = None,
-         ctas_per_sm: int = 1, splits: int | None = None, can_merge: bool = False) -> FlashPlan:
+         ctas_per_sm: int = 1, splits: int | None = None, can_merge: bool = False, extra_rows: int = 0,
+         xr_always: bool = False) -> FlashPlan:
     """Launch geometry for KV tiles of ``bn`` keys; ``mt`` / ``splits`` force the row tile / split
     count (experiments).
 
     ``can_merge``: the kernel can merge its splits itself. It does when every CTA is resident at
     once (a merging CTA waits for the other splits of its row tile, which must not be waiting for
     a slot) and each split merges one unit at most: a second unit in a row made Kimi T9 decode
-    slower than the combine launch (docs/PERF.md, session 4)."""
-    rows = T * H
+    slower than the combine launch (docs/PERF.md, session 4). ``extra_rows``: the kernel's XR_MAX
+    (extra_row_tiles), taken where the cost model says it pays, or wherever it applies with ``xr_always``."""
+    rows, slots = T * H, sm_count * ctas_per_sm
     mt = mt or row_tile_m(rows)
-    row_tiles = math.ceil(rows / (16 * mt))
-    splits = splits or choose_splits(prefix_max, T, bn, row_tiles * B, rows, B, sm_count * ctas_per_sm)
+    row_tiles, xr = extra_row_tiles(rows, 16 * mt, extra_rows)
+    if xr and not xr_always:  # transposed rows only where the model says they pay (their tiles cost XR_TILE_COST)
+        plain = -(-rows // (16 * mt))
+        costs = {}
+        for tiles, x in ((plain, 0), (row_tiles, xr)):
+            s = splits or choose_splits(prefix_max, T, bn, tiles * B, rows, B, slots)
+            costs[x] = plan_cost(prefix_max, T, bn, tiles * B, rows, B, slots, s, XR_TILE_COST if x else 1.0,
+                                 CTA_FIXED_TILES[x])
+        if costs[0] <= costs[xr]:
+            row_tiles, xr = plain, 0
+    splits = splits or choose_splits(prefix_max, T, bn, row_tiles * B, rows, B, slots)
     if bug == Bug.MERGE_WRONG_MAX:
         splits = max(2, splits)  # the planted merge bug needs a merge
-    units = min(rows, 16 * mt) * MERGE_UNITS_PER_ROW  # of the fullest row tile
-    merge = can_merge and splits > 1 and units <= splits and row_tiles * splits * B <= sm_count * ctas_per_sm
-    return FlashPlan(mt, row_tiles, splits, B, merge)
+    units = (min(rows, 16 * mt) + (rows % (16 * mt) if xr else 0)) * MERGE_UNITS_PER_ROW  # of the fullest row tile
+    # a tile with transposed rows never merges in-kernel (260+ units; the kernel is not built for it)
+    merge = can_merge and not xr and splits > 1 and units <= splits and row_tiles * splits * B <= slots
+    return FlashPlan(mt, row_tiles, splits, B, merge, xr)
 
 
 class FlashKernel:
@@ -225,7 +264,8 @@ class FlashKernel:
 
         KDTR_FLASH_MT=1|2|4 forces the row tile of ``flash``, KDTR_FLASH_SPLITS=N the split count,
         KDTR_FLASH_MERGE=0 the combine launch instead of flash-sm90's in-kernel merge,
-        KDTR_FLASH_COMBINE=rows|split which combine kernel (for experiments and tests; docs/PERF.md)."""
+        KDTR_FLASH_COMBINE=rows|split which combine kernel, KDTR_FLASH_XR=0|1 transposed rows never /
+        wherever they apply (else where the plan's model says; for experiments and tests; docs/PERF.md)."""
         import os
 
         from kdtr.launch import CTYPES, device_info
@@ -235,15 +275,16 @@ class FlashKernel:
         mt = forced_mt if forced_mt in v.mts else v.mt_for(pr.T * pr.H)
         out_t, cfg = CTYPES[dp.out_dtype], self.config()
         threads, smem = cfg[f"THREADS_MT{mt}"], cfg[f"SMEM_MT{mt}"]
-        main = self._load(v.main.format(mt=mt, out=out_t, bug=self.bug, merge=0))  # same registers either way
+        main = self._load(v.main.format(mt=mt, out=out_t, bug=self.bug, merge=0, xr=0))  # same launch bounds either way
         regs = next(iter(main.compiled.resources.values())).registers if main.compiled.resources else 255
         per_sm = occupancy(threads, regs, smem, info["regs_per_sm"], info["smem_per_sm"])
         forced_splits = max(0, int(os.environ.get("KDTR_FLASH_SPLITS") or 0))
         can_merge = v.merges_in_kernel and os.environ.get("KDTR_FLASH_MERGE", "1") != "0"
+        xr_env = os.environ.get("KDTR_FLASH_XR", "")
         pl = plan(pr.B, pr.T, pr.H, int(pr.prefix_lens.max()), info["sm_count"], cfg["BN"], self.bug, mt, per_sm,
-                  forced_splits or None, can_merge)
-        if pl.merge:
-            main = self._load(v.main.format(mt=mt, out=out_t, bug=self.bug, merge=1))
+                  forced_splits or None, can_merge, v.extra_rows if xr_env != "0" else 0, xr_env == "1")
+        if pl.merge or pl.xr:
+            main = self._load(v.main.format(mt=mt, out=out_t, bug=self.bug, merge=int(pl.merge), xr=pl.xr))
         steps = [(main, pl.grid, (threads, 1, 1), smem, self._tensor_map_args(dp, cfg))]
         if pl.splits > 1 and not pl.merge:
             name, grid = combine_launch(pr.T * pr.H, pr.B, pl.splits, info["sm_count"], cfg,

@@ -263,6 +263,15 @@ def _warnings(log: str) -> list[str]:
     return [ln.strip() for ln in log.splitlines() if re.search(r"\bwarning\b", ln, re.I)]
 
 
+WGMMA_SERIALIZED = ("C7514", "C7515", "C7517")
+"""ptxas info codes (not warnings) for wgmma it serialized or a wait it injected: a silent slowdown."""
+
+
+def wgmma_serialized(log: str) -> list[str]:
+    """The ptxas info lines saying wgmma was serialized or a wait_group injected."""
+    return [ln.strip() for ln in log.splitlines() if any(f"({code})" in ln for code in WGMMA_SERIALIZED)]
+
+
 def compile_cuda(
     source_text: str,
     name_expressions,
@@ -380,4 +389,5 @@ def compile_file(path, name_expressions, arch: str = "sm_90", **kw) -> Compiled:
 __all__ = [
     "CUDA_DIR", "CompileError", "Compiled", "NvrtcUnavailable", "Resources", "available", "cache_dir",
     "compile_cuda", "compile_file", "cuda_include_dir", "parse_resources", "supported_archs", "version",
+    "wgmma_serialized",
 ]

@@ -5,7 +5,7 @@ scripts/wgmma_probe.py. A timing aid for docs/PERF.md: nothing here is checked.
 
     python3 scripts/f90_profile.py [default|small] [LABEL=OPTS ...]   (the plain build unless knobs are given)
 
-"small": the compute shapes with few tiles per CTA, "decode": Kimi B1; the per-CTA lines (prologue
+"small": the compute shapes with few tiles per CTA, "decode": Kimi B1, "xr": Kimi T9 (transposed rows) and T1; the per-CTA lines (prologue
 and its steps, epilogue, whole CTA in cycles and us) say how much lies outside the loop.
 """
 import sys
@@ -21,6 +21,7 @@ SETS = {
     "default": (bench.grid(["deepseek-v3"], [8], [256], [32768], [1]) + bench.grid(["deepseek-v3"], [8], [64], [8192], [1])
                 + bench.grid(["kimi-k2"], [8], [0], [32768], [32, 1]) + bench.grid(["kimi-k2"], [8], [8], [32768], [32])),
     "decode": bench.grid(["kimi-k2"], [8], [0, 4, 8], [32768], [1]),
+    "xr": bench.grid(["kimi-k2"], [8], [8], [32768], [32, 1]) + bench.grid(["kimi-k2"], [8], [0], [32768], [32]),
     "small": (bench.grid(["deepseek-v3"], [8], [64], [8192], [1, 8]) + bench.grid(["deepseek-v3"], [8], [64], [32768], [1])
               + bench.grid(["deepseek-v3"], [8], [256], [8192], [1]) + bench.grid(["deepseek-v3"], [8], [256], [32768], [1])),
 }

@@ -23,7 +23,10 @@
 #           and of this tree, timed one after the other on the same machine (scripts/sm90_ablate.py $AB_SHAPES)
 #   knobs : flash-sm90 -D experiment builds ($KNOBS: LABEL=OPTS;...) verified on ci, profiled per loop section
 #           (scripts/f90_profile.py), then timed
+#   xr    : flash-sm90's transposed rows: ci (planned, then forced) + sanitizers, flash tests, timings of ab_old/ (if any),
+#           KDTR_FLASH_XR=0 and =1
 #   wgmma : tensor-pipe rate of flash-sm90's wgmma chains (scripts/wgmma_probe.py)
+#   sm90tests: every flash GPU test, then flash-sm90's sanitizer tests (tests/test_gpu_isolation.py)
 #   sanitize, robust, devices, mtcmp, mtmem: see each case below
 #
 # Results go to $OUT (default ./out/gpu): summary.txt, logs.tgz (every log and verify JSON) and the
@@ -60,7 +63,7 @@ ci_verify() {  # ci_verify KERNEL...: each on the ci suite, --repeat 3
 }
 
 flash_tests() {  # every flash GPU test but the long suite: planted bugs of both kernels, both merge paths
-  stage pytest_flash timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_verify.py -k "flash and not long"
+  stage pytest_flash timeout 360 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_verify.py -k "flash and not long"
   tail -n 2 "$LOGS/pytest_flash.log" >>"$SUMMARY"
 }
 
@@ -146,6 +149,11 @@ for mode in "${@:-check}"; do
     sets)  # flash-sm90 on the compute and memory sets against torch eager (final's timings alone)
       bench_sets
       ;;
+    sm90tests)  # every flash test and flash-sm90's sanitizer tests (the isolation module's, transposed rows included)
+      flash_tests
+      stage pytest_san timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_isolation.py -k "sm90 or sanitizer"
+      tail -n 3 "$LOGS/pytest_san.log" >>"$SUMMARY"
+      ;;
     flashci)  # both flash kernels on ci (--repeat 3) and every flash GPU test (planted bugs, both merges)
       ci_verify flash flash-sm90
       flash_tests
@@ -198,6 +206,22 @@ for mode in "${@:-check}"; do
       fi
       stage ab_new timeout 200 python3 scripts/sm90_ablate.py "${AB_SHAPES:-balance}" new=
       grep -v Warn "$LOGS/ab_new.log" | tail -n 40 >>"$SUMMARY"
+      ;;
+    xr)  # flash-sm90's transposed rows: ci (the plan's choice, then forced wherever they apply) with the sanitizers,
+         # every flash test, then timings of ab_old/ (if any), transposed rows off and forced, on one machine
+      ci_verify flash-sm90
+      KDTR_FLASH_XR=1 stage verify_xr1_ci timeout 90 $KDTR verify -k flash-sm90 ci --repeat 3 --json "$LOGS/verify_xr1_ci.json"
+      tail -n 1 "$LOGS/verify_xr1_ci.log" >>"$SUMMARY"
+      flash_tests
+      KDTR_FLASH_XR=1 sanitize_ci flash-sm90
+      if [ -d ab_old/kdtr ]; then
+        KDTR_CACHE_DIR=$PWD/.kdtr-cache-old PYTHONPATH=$PWD/ab_old stage ab_old timeout 150 python3 scripts/sm90_ablate.py xr old=
+        grep -v Warn "$LOGS/ab_old.log" | tail -n 48 >>"$SUMMARY"
+      fi
+      for x in 0 1; do
+        KDTR_FLASH_XR=$x stage ab_xr$x timeout 150 python3 scripts/sm90_ablate.py xr xr$x=
+        grep -v Warn "$LOGS/ab_xr$x.log" | tail -n 48 >>"$SUMMARY"
+      done
       ;;
     knobs)  # experiment builds of flash-sm90: ci first (a wrong build's timings do not count), then profile and timings
       IFS=';' read -ra KV <<<"${KNOBS:-base=}"

@@ -9,7 +9,9 @@ builds first, `knobs` scripts/knob_verify.py).
     python3 scripts/sm90_ablate.py [SHAPES] [LABEL=OPTS ...]   e.g. s3="-DKDTR_F90_STAGES=3 -DKDTR_F90_EXPERIMENT"
 
 SHAPES: "default" (a compute and a memory mix), "balance" (the one-wave shapes whose last split
-also walks the tree tail: B1 decode and the small compute shapes) or "decode" (Kimi B1 only).
+also walks the tree tail: B1 decode and the small compute shapes), "decode" (Kimi B1 only) or "xr"
+(Kimi T9, whose 72 rows take the transposed-rows build, and a few shapes that do not), "recheck" (the
+shapes a sweep moved by more than noise: an older tree against this one).
 Run with PYTHONPATH set to an exported older tree to time that tree's kernel on the same machine
 (gpu_check.sh abtree).
 """
@@ -30,6 +32,11 @@ SHAPES = {
                 + bench.grid(["deepseek-v3"], [8], [64], [8192], [1, 8]) + bench.grid(["deepseek-v3"], [8], [64], [32768], [1])
                 + bench.grid(["deepseek-v3"], [8], [256], [8192], [1])),
     "decode": bench.grid(["kimi-k2"], [8], [0, 4, 8], [32768, 131072], [1]),
+    "recheck": (bench.grid(["deepseek-v3"], [8], [64], [131072], [8]) + bench.grid(["deepseek-v3"], [8], [64], [32768], [1])
+                + bench.grid(["kimi-k2"], [8], [0, 4], [32768], [1])),
+    "xr": (bench.grid(["kimi-k2"], [8], [8], [32768, 131072], [1, 32]) + bench.grid(["kimi-k2"], [8], [8], [32768], [4, 8]) + bench.grid(["kimi-k2"], [8], [0], [32768], [1, 32])
+           + bench.grid(["kimi-k2"], [8], [4], [131072], [1]) + bench.grid(["deepseek-v3"], [8], [64], [8192], [1, 8])
+           + bench.grid(["deepseek-v3"], [8], [256], [32768], [1])),
 }
 shape_set = next((a for a in sys.argv[1:] if "=" not in a), "default")
 variants = dict(a.split("=", 1) for a in sys.argv[1:] if "=" in a) or DEFAULT

@@ -74,6 +74,31 @@ def test_no_spills_no_stack_growth(compiled, src, names, arch):
 
 
 @needs_nvrtc
+@pytest.mark.parametrize("src,names,arch", JOBS, ids=JOB_IDS)
+def test_no_wgmma_serialization(compiled, src, names, arch):
+    """ptxas serializes every wgmma of a kernel (an info line, not a warning: C7514 / C7515) when
+    it cannot prove accumulators untouched while one is in flight, or injects a wait (C7517): a
+    silent several-fold slowdown (docs/PERF.md, session 7: a second wgmma group waited with
+    wait_group 1 did it)."""
+    bad = nvrtc.wgmma_serialized(compiled(src, names, arch).log)
+    assert not bad, "\n".join(bad)
+
+
+def test_wgmma_serialization_lines_are_found():
+    """The lines ptxas printed for flash-sm90's first transposed-rows build (session 7) are caught."""
+    log = (
+        "ptxas info    : (C7517) wgmma.wait_group is injected in around line 7936 by compiler to allow use of "
+        "registers defined by GMMA in function 'k'\n"
+        "ptxas info    : (C7514) Potential Performance Loss: wgmma.mma_async instructions are serialized due to "
+        "non wgmma instructions reading accumulator registers of  a wgmma between start and end of the pipeline "
+        "stage in the function 'k' in line 0\n"
+        "ptxas info    : Used 168 registers, used 16 barriers\n"
+    )
+    assert [line.split(")")[0][-5:] for line in nvrtc.wgmma_serialized(log)] == ["C7517", "C7514"]
+    assert nvrtc.wgmma_serialized("ptxas info    : Used 168 registers, used 16 barriers") == []
+
+
+@needs_nvrtc
 @pytest.mark.parametrize("arch", kernels.ALL_ARCHS)
 def test_kdtr_launch_constant_is_in_the_cubin(compiled, arch):
     src, names, _ = kernels.compile_targets()[0]

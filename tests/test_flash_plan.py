@@ -112,3 +112,38 @@ def test_combine_launch_takes_a_warp_per_row_where_rows_fill_the_gpu():
     assert combine_launch(72, 1, 7, H200_SMS, cfg, force="rows") == (COMBINE_ROWS, (9, 1, 1))
     assert combine_launch(1040, 1, 7, H200_SMS, cfg, force="split") == (COMBINE, (1040, 1, 1))
     assert combine_launch(72, 1, 40, H200_SMS, cfg, force="rows") == (COMBINE, (72, 1, 4))
+
+
+@pytest.mark.parametrize("rows, tile, extra, expect", [
+    (72, 64, 8, (1, 8)),     # Kimi T9: one CTA, 8 transposed rows
+    (65, 64, 8, (1, 8)),
+    (136, 64, 8, (2, 8)),    # the last of two tiles takes the rest
+    (73, 64, 8, (2, 0)),     # 9 past the tile: a CTA of their own
+    (64, 64, 8, (1, 0)),     # a full tile: nothing extra
+    (8, 64, 8, (1, 0)),      # a single short tile is already one CTA
+    (1040, 64, 8, (17, 0)),  # DeepSeek T65: 16 past the tile
+    (72, 64, 0, (2, 0)),     # the kernel cannot: two CTAs
+])
+def test_extra_rows_ride_in_the_last_row_tile(rows, tile, extra, expect):
+    from kdtr.flash import extra_row_tiles
+
+    assert extra_row_tiles(rows, tile, extra) == expect
+
+
+def test_transposed_rows_plan_one_cta_per_split_and_never_merge_in_kernel():
+    t9 = plan(B=1, T=9, H=8, prefix_max=32768, sm_count=H200_SMS, bn=BN, mt=4, can_merge=True, extra_rows=8,
+              xr_always=True)
+    assert t9.row_tiles == 1 and t9.xr == 8 and not t9.merge and t9.splits > 64
+    assert plan(B=1, T=9, H=8, prefix_max=32768, sm_count=H200_SMS, bn=BN, mt=4, can_merge=True, extra_rows=8,
+                splits=300, xr_always=True).merge is False
+    b32 = plan(B=32, T=9, H=8, prefix_max=32768, sm_count=H200_SMS, bn=BN, mt=4, extra_rows=8)
+    assert b32.grid[0] == 1 and b32.xr == 8 and b32.workspace_bytes(9, 8) == 32 * b32.splits * 72 * 513 * 4 + 32 * 8
+
+
+@pytest.mark.parametrize("B, P, xr", [(1, 32768, 0), (1, 131072, 0), (32, 32768, 8), (32, 131072, 8)])
+def test_transposed_rows_where_the_model_says_they_pay(B, P, xr):
+    """Their tiles cost ~1.8x a 64-row tile and their CTAs more set-up (measured, kdtr.flash.XR_TILE_COST):
+    they pay when requests fill the GPU (Kimi T9 B32: 635 -> 552 us) and not on split decode (T9 B1:
+    36.4 -> 46.4 us), where the two 64-row CTAs per split stay."""
+    pl = plan(B=B, T=9, H=8, prefix_max=P, sm_count=H200_SMS, bn=BN, mt=4, can_merge=True, extra_rows=8)
+    assert pl.xr == xr and pl.row_tiles == (1 if xr else 2)

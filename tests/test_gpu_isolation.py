@@ -99,11 +99,12 @@ def test_builtin_kernels_are_clean_under_the_sanitizer(tmp_path, kernel, tool):
     assert code == 0 and rep["counts"] == {"PASS": len(SANITIZE_BUNDLES)}, (describe(rep), out)
 
 
-SM90_HANDOFFS = ("alpha_s[", "stats[")
+SM90_HANDOFFS = ("alpha_s[", "stats[", "P_x hand-off")
 """flash-sm90's producer -> consumer hand-offs through shared memory that racecheck reports although
-named barriers order them: the rescale factors (written after "tile landed", read after "P full")
-and the final row sums (bar.arrive -> bar.sync). scripts/racecheck_probe.py shows a minimal kernel
-with the same protocol reported the same way (docs/PERF.md, session 3)."""
+named barriers order them: the rescale factors (written after "tile landed", read after "P full"),
+the final row sums (bar.arrive -> bar.sync) and the transposed rows' P_x (same barriers as the
+rescale factors; its two lines say so). scripts/racecheck_probe.py shows a minimal kernel with the
+same protocol reported the same way (docs/PERF.md, session 3)."""
 
 
 def assert_only_known_handoffs(rep):
@@ -121,6 +122,22 @@ def assert_only_known_handoffs(rep):
         assert r["status"] == "PASS" or lines, r["message"]
         odd = [(n, src[n - 1].strip()) for n in lines if not any(h in src[n - 1] for h in SM90_HANDOFFS)]
         assert not odd, f"racecheck names lines outside the known hand-offs: {odd}"
+
+
+@needs_sanitizer
+@pytest.mark.usefixtures("sanitizer_works")
+@pytest.mark.parametrize("tool", ["memcheck", "racecheck"])
+def test_flash_sm90_transposed_rows_are_clean_under_the_sanitizer(tmp_path, tool, monkeypatch):
+    """The two 68-row bundles with flash-sm90's transposed rows forced on (KDTR_FLASH_XR=1): memcheck
+    clean, racecheck naming only the known hand-offs."""
+    if device_arch() != "sm_90":
+        pytest.skip(f"flash-sm90 needs an sm_90 GPU; this one is {device_arch()}")
+    monkeypatch.setenv("KDTR_FLASH_XR", "1")
+    code, rep, out = verify(tmp_path, "-k", "flash-sm90", "--sanitize", tool, *SANITIZE_BUNDLES[:2])
+    if tool == "racecheck":
+        assert_only_known_handoffs(rep)
+        return
+    assert code == 0 and rep["counts"] == {"PASS": 2}, (describe(rep), out)
 
 
 @needs_sanitizer

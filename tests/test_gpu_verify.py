@@ -221,3 +221,84 @@ def test_both_combine_kernels_merge_exactly_and_catch_the_merge_bug(name, combin
     assert not compare(once, want, tol).status.failed
     buggy = resolve_kernel(variant_name(name, Bug.MERGE_WRONG_MAX)).run(prob, spec.out_dtype)
     assert compare(buggy.out, want, tol).status.failed
+
+
+XR_CASES = {  # (heads, budget, prefix lengths, page size, tree family, out dtype, forced splits)
+    "kimi-t9-split": (8, 8, (3000, 77), 64, "ddtree", "bf16", None),  # 72 rows: one CTA per split + combine
+    "136-rows-page1": (8, 16, (500,), 1, "ddtree", "fp32", None),     # the second of two tiles takes 8
+    "65-rows-direct": (5, 12, (0, 40), 64, "star", "bf16", "1"),      # one split; a request without prefix
+    "kimi-t9-3splits-page1": (8, 8, (2100, 64), 1, "chain", "bf16", "3"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(XR_CASES))
+def test_flash_sm90_transposed_rows_match_the_reference(case, monkeypatch):
+    """Requests of 64 k + 1..8 rows run their last rows as transposed products inside the last row
+    tile (kdtr.flash.extra_row_tiles): the plan takes the XR build with one CTA fewer per split,
+    out and lse match the reference in every row, and a relaunch gives the same bits."""
+    import numpy as np
+
+    from kdtr.cases import CaseSpec, build_problem
+    from kdtr.compare import compare
+    from kdtr.launch import DeviceProblem, make_launcher
+    from kdtr.reference import reference
+    from kdtr.tolerances import default
+
+    if device_arch() != "sm_90":
+        pytest.skip("flash-sm90 needs an sm_90 GPU")
+    heads, budget, prefix, page, family, out_dtype, splits = XR_CASES[case]
+    monkeypatch.setenv("KDTR_FLASH_XR", "1")  # wherever it applies (the plan's model takes it for many requests only)
+    if splits:
+        monkeypatch.setenv("KDTR_FLASH_SPLITS", splits)
+    spec = CaseSpec(model="kimi-k2", heads=heads, prefix_lens=prefix, family=family, budget=budget, page_size=page,
+                    out_dtype=out_dtype)
+    prob, _ = build_problem(spec)
+    want_out, want_lse = reference(prob)
+    dp = DeviceProblem(prob, out_dtype)
+    steps, ws, n_splits = resolve_kernel("flash-sm90").steps(dp)
+    (expr,) = steps[0][0].compiled.lowered
+    R = prob.T * prob.H
+    assert expr.endswith(", 8>") and steps[0][1][0] == R // 64, (expr, steps[0][1])
+    go = make_launcher(dp, steps, ws, n_splits)
+    dp.poison()
+    go()
+    out, lse = (a.copy() for a in dp.download())
+    go()
+    assert all(np.array_equal(x, y) for x, y in zip((out, lse), dp.download()))
+    assert not compare(out, want_out, default(spec.kv_dtype, out_dtype, "out")).status.failed
+    assert not compare(lse, want_lse, default(spec.kv_dtype, out_dtype, "lse"), "lse").status.failed
+
+
+@pytest.mark.parametrize("bug", PLANTED, ids=lambda b: b.slug)
+def test_flash_sm90_transposed_rows_carry_every_planted_bug(bug: Bug, monkeypatch):
+    """Each planted bug shows in the transposed rows alone (rows 64..71 of a 72-row star tree,
+    node 8, whose previous node is a sibling): those rows run the same operator, not a copy that
+    the 64 wgmma rows would hide. Two requests: P = 700 (pages and tiles for the page and tile
+    bugs to hit) and P = 1 (its one prefix key is the one the drop-key bugs lose)."""
+    from kdtr.cases import CaseSpec, build_problem
+    from kdtr.compare import compare
+    from kdtr.reference import reference
+    from kdtr.tolerances import default
+
+    if device_arch() != "sm_90":
+        pytest.skip("flash-sm90 needs an sm_90 GPU")
+    monkeypatch.setenv("KDTR_FLASH_XR", "1")
+    spec = CaseSpec(model="kimi-k2", heads=8, prefix_lens=(700, 1), family="star", budget=8, page_size=64)
+    prob, _ = build_problem(spec)
+    want = reference(prob)[0]  # [B, T, H, 512]; rows 64..71 are node 8
+    tol = default(spec.kv_dtype, spec.out_dtype, "out")
+    good = resolve_kernel("flash-sm90").run(prob, spec.out_dtype).out
+    assert not compare(good[:, 8:], want[:, 8:], tol).status.failed
+    buggy = resolve_kernel(variant_name("flash-sm90", bug)).run(prob, spec.out_dtype).out
+    assert compare(buggy[:, 8:], want[:, 8:], tol).status.failed, f"{bug.slug} left the transposed rows right"
+
+
+def test_flash_sm90_passes_ci_with_transposed_rows_wherever_they_apply(ci_paths, monkeypatch):
+    """ci has requests of 65, 68, 130, 257 and 1025 rows: forced on, the transposed rows pass every
+    case bit-identically over three launches, as the plan's own choice does."""
+    if device_arch() != "sm_90":
+        pytest.skip("flash-sm90 needs an sm_90 GPU")
+    monkeypatch.setenv("KDTR_FLASH_XR", "1")
+    rep = run_verify(resolve_kernel("flash-sm90"), ci_paths, repeat=3)
+    assert not rep.failed, _describe(rep)
+    assert sum(r.status is Status.PASS for r in rep.results) >= 10

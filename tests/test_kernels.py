@@ -141,7 +141,9 @@ def test_compile_targets_cover_every_variant():
         assert f"kdtr_naive_verify<__nv_bfloat16, float, {int(bug)}>" in names
     by_file = {s.name: (n, a) for s, n, a in rest}
     assert by_file["flash_verify.cu"][1] == ("sm_80", "sm_90", "sm_120") and by_file["flash_sm90.cu"][1] == ("sm_90a",)
-    assert len(by_file["flash_sm90.cu"][0]) == 2 * 2 * len(Bug) + 4  # bug x out dtype x merge, + 2 x 2 combines
+    # bug x out dtype x (merge 0/1 without transposed rows, transposed rows without merge), + 2 x 2 combines
+    assert len(by_file["flash_sm90.cu"][0]) == 2 * 3 * len(Bug) + 4
+    assert "kdtr_flash90_verify<__nv_bfloat16, 0, 0, 8>" in by_file["flash_sm90.cu"][0]
     assert len(by_file["flash_verify.cu"][0]) == 3 * 2 * len(Bug) + 4
 
 
@@ -213,3 +215,5 @@ def test_flash_config_array_matches_the_launcher(base):
     if len(variant.mts) == 1:
         bm = re.search(r"constexpr int BM = (\d+);", text)
         assert bm and int(bm.group(1)) == 16 * variant.mts[0]
+    xr = re.search(r"constexpr int XR_MAX = (\d+);", text)
+    assert (int(xr.group(1)) if xr else 0) == variant.extra_rows
