@@ -153,7 +153,8 @@ static_assert(NTHREADS - 128 == BN * 8, "tile copies: one consumer thread per (k
 static_assert(STAGE_BYTES % 1024 == 0, "every stage starts on a 128-byte-swizzle atom");
 static_assert(TMA_BOX_COLS * 2 == 128 && TMA_BOX_COLS * SLABS == KDTR_DK, "a TMA box row is one 128-byte swizzle row of a slab");
 static_assert(TMA_BOX_SLABS == SLABS && TMA_BOX_SLABS * TMA_BOX_COLS * BN * 2 == STAGE_BYTES, "one TMA box fills a stage");
-static_assert(128 * (PRODUCER_REGS + 2 * CONSUMER_REGS) <= 65536, "one CTA per SM's register file");
+static_assert(PRODUCER_REGS + 2 * CONSUMER_REGS <= 3 * ((65536 / NTHREADS) & ~7),
+              "setmaxnreg only moves the registers the CTA got at launch, 3 x 168 (asking 176 + 2 x 168 hung)");
 static_assert(32 * COMBINE_WARPS == 256 && (COMBINE_RED_FLOATS + 1) * 4 <= STAGE_BYTES,
               "the in-kernel merge runs on the two consumer warpgroups, its scratch in KV stage 0");
 
