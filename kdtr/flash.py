@@ -74,7 +74,7 @@ MIN_KEYS_PER_SPLIT = 64
 XR_TILE_COST = 1.8
 """Model: a tile of a CTA with transposed rows against one of 64 rows (flash-sm90, H200, session 7:
 3742 vs 2104 cycles per tile on Kimi T9 B32, 4500 vs 2365 on B1)."""
-CTA_FIXED_TILES = {0: 4.7, 8: 8.6}
+CTA_FIXED_TILES, XR_CTA_FIXED_TILES = 4.7, 8.6
 """Model: a CTA's prologue and epilogue in 64-row tiles, without and with transposed rows (same
 runs: ~10 000 and ~18 000 cycles)."""
 MERGE_UNITS_PER_ROW = DV // 128
@@ -214,17 +214,16 @@ def plan(B: int, T: int, H: int, prefix_max: int, sm_count: int, bn: int, bug: i
     row_tiles, xr = extra_row_tiles(rows, 16 * mt, extra_rows)
     if xr and not xr_always:  # transposed rows only where the model says they pay (their tiles cost XR_TILE_COST)
         plain = -(-rows // (16 * mt))
-        costs = {}
-        for tiles, x in ((plain, 0), (row_tiles, xr)):
+        def cost(tiles: int, tile_cost: float, fixed: float) -> float:
             s = splits or choose_splits(prefix_max, T, bn, tiles * B, rows, B, slots)
-            costs[x] = plan_cost(prefix_max, T, bn, tiles * B, rows, B, slots, s, XR_TILE_COST if x else 1.0,
-                                 CTA_FIXED_TILES[x])
-        if costs[0] <= costs[xr]:
+            return plan_cost(prefix_max, T, bn, tiles * B, rows, B, slots, s, tile_cost, fixed)
+
+        if cost(plain, 1.0, CTA_FIXED_TILES) <= cost(row_tiles, XR_TILE_COST, XR_CTA_FIXED_TILES):
             row_tiles, xr = plain, 0
     splits = splits or choose_splits(prefix_max, T, bn, row_tiles * B, rows, B, slots)
     if bug == Bug.MERGE_WRONG_MAX:
         splits = max(2, splits)  # the planted merge bug needs a merge
-    units = (min(rows, 16 * mt) + (rows % (16 * mt) if xr else 0)) * MERGE_UNITS_PER_ROW  # of the fullest row tile
+    units = min(rows, 16 * mt) * MERGE_UNITS_PER_ROW  # of the fullest row tile
     # a tile with transposed rows never merges in-kernel (260+ units; the kernel is not built for it)
     merge = can_merge and not xr and splits > 1 and units <= splits and row_tiles * splits * B <= slots
     return FlashPlan(mt, row_tiles, splits, B, merge, xr)
