@@ -115,14 +115,15 @@ constexpr int BAR_CONS = BAR_STATS + 1;         // both consumers' P V of a tile
 constexpr int BAR_XMAX = BAR_CONS + 1;          // S^T's row maxima exchanged between producer warps 0 and 1 (64)
 
 // The transposed rows (template XR = 8): a CTA whose request has R = 64 k + x rows, 0 < x <= XR_MAX,
-// takes the x rows past its 64 as the N of transposed products, S^T = K Q_x^T (m64n8k16, A = the KV
-// tile, K-major; its M rows 32..63 read the next slab and are ignored) and O^T += V^T P_x^T (m64n8k16,
-// A = the tile MN-major), so the KV tile is read once for all 72 rows instead of by a second CTA.
+// takes the x rows past its 64 as the N of transposed products, S^T = K Q_x^T (wgmma m64n8k16, A = the
+// KV tile, K-major; its M rows 32..63 read the next slab and are ignored) and O^T += V^T P_x^T (mma.sync
+// m16n8k16, A = the tile by ldmatrix.trans), so the KV tile is read once for all 72 rows instead of by
+// a second CTA.
 constexpr int XR_MAX = 8;                       // rows past BM (the wgmma N of the transposed products)
 constexpr int QX_BYTES = SLABS * XR_MAX * 128;  // Q_x [8 x 576]: 9 swizzled K-major slabs of 1 KB
 constexpr int PX_BYTES = XR_MAX * BN * 2;       // one P_x buffer: bf16 [8 x 32] in 4 core matrices of 8 x 16 bytes
 constexpr int SX_REGS = 64 * XR_MAX / 128;      // 4 fp32 of S^T per producer thread
-constexpr int OX_REGS = 64 * XR_MAX / 128;      // 4 fp32 of O^T per consumer thread per 64 columns
+constexpr int OX_REGS = 16 * XR_MAX / 32;       // 4 fp32 of O^T per consumer thread per m-tile of 16 columns
 constexpr int ROWS = BM + XR_MAX;               // row slots of the per-row shared arrays
 
 struct Smem {                                   // byte offsets into dynamic shared memory (its base is 1 KB aligned)
@@ -875,15 +876,16 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
     // O^T of the transposed rows, on mma.sync (m16n8k16): warp ww of consumer c owns slab 4 c + ww (64
     // columns) as 4 m-tiles; accx[j][e] is column 64 (4 c + ww) + 16 j + g + 8 (e / 2) of extra row
     // n = 2 tq + e % 2. Not wgmma: its accumulators are placed above the 24 low registers, and 128 + 16
-    // of them do not fit the consumers' 168 (ptxas spilled; docs/PERF.md, session 7).
-    float accx[XR ? 4 : 1][OX_REGS];
+    // of them do not fit the consumers' 160 (ptxas spilled; docs/PERF.md, session 7).
+    constexpr int OX_TILES = XR ? 64 / 16 : 1;  // m-tiles of a warp's 64 columns (1: unused without XR)
+    float accx[OX_TILES][OX_REGS];
     // its ldmatrix addresses: lane l reads row l % 8 of matrix l / 8 = (dv half (l / 8) % 2, key half l / 16);
     // key k's 16-byte chunk ch of a slab sits at k * 128 + (ch ^ k % 8) * 16, and k % 8 = l % 8
     const int xa_hi = lane & 6;  // bits 1-2 of the chunk XOR (bit 0 is in xa_row)
     const unsigned xa_row = (8 * (lane >> 4) + (lane & 7)) * 128 + ((((lane >> 3) ^ lane) & 1) << 4);
     const unsigned xb_off = (lane >> 3) * 128 + (lane & 7) * 16;  // P_x: core matrix l / 8, row l % 8
 #pragma unroll
-    for (int j = 0; j < (XR ? 4 : 1); ++j)
+    for (int j = 0; j < OX_TILES; ++j)
 #pragma unroll
       for (int e = 0; e < OX_REGS; ++e) accx[j][e] = 0.f;
 
@@ -901,7 +903,7 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
       if (XR && has_x) {  // always: 16 multiplies, and no branch to keep registers for
         const float x0 = alpha_s[stage * ROWS + BM + 2 * tq], x1 = alpha_s[stage * ROWS + BM + 2 * tq + 1];
 #pragma unroll
-        for (int j = 0; j < (XR ? 4 : 1); ++j)
+        for (int j = 0; j < OX_TILES; ++j)
 #pragma unroll
           for (int e = 0; e < OX_REGS; ++e) accx[j][e] *= (e & 1) ? x1 : x0;
       }
@@ -914,7 +916,7 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
         ld_px_fragments(bq, base + Smem::px + stage * PX_BYTES + xb_off);
         const unsigned xa = tile + (4 * c + ww) * SLAB + xa_row;
 #pragma unroll
-        for (int j = 0; j < (XR ? 4 : 1); ++j)
+        for (int j = 0; j < OX_TILES; ++j)
 #pragma unroll
           for (int kk = 0; kk < BN / 16; ++kk) {  // 16 columns x 16 keys of V^T: chunk 2 j + (dv half), swizzled
             unsigned a[4];
@@ -953,6 +955,9 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
     phases.begin();
 
     // ---- epilogue: out (one split) or fp32 partials (several) ----
+    auto orow_of = [&](int r) {  // element offset of row r in out or in this split's partials
+      return direct ? ((long long)b * R + r) * KDTR_DV : (((long long)b * nsplit + split) * R + r) * KDTR_DV;
+    };
     // O^T goes to shared memory first, as rows: its registers are free before the 64 rows' stores (held
     // through them, the build spilled) and the rows leave in whole lines. KV stage n_tiles % STAGES is
     // free: both consumers finished P V of its last tile before "P full" of tile n_tiles - 1, and
@@ -960,7 +965,7 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
     float* xs = reinterpret_cast<float*>(smem + Smem::kv + (n_tiles % STAGES) * STAGE_BYTES);  // float [XR_MAX][512]
     if (XR && has_x) {
 #pragma unroll
-      for (int j = 0; j < (XR ? 4 : 1); ++j)
+      for (int j = 0; j < OX_TILES; ++j)
 #pragma unroll
         for (int e = 0; e < OX_REGS; ++e)
           xs[(2 * tq + (e & 1)) * KDTR_DV + (4 * c + ww) * 64 + 16 * j + g + 8 * (e >> 1)] = accx[j][e];
@@ -971,7 +976,7 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
       const int rl = ww * 16 + g + 8 * h, r = r0 + rl;
       if (r >= R) continue;
       const float inv = stats[rl];
-      const long long orow = direct ? ((long long)b * R + r) * KDTR_DV : (((long long)b * nsplit + split) * R + r) * KDTR_DV;
+      const long long orow = orow_of(r);
 #pragma unroll
       for (int j = 0; j < O_REGS / 4; ++j) {
         const int col = c * (KDTR_DV / 2) + j * 8 + 2 * tq;
@@ -985,8 +990,8 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
       for (int idx = tid - 128; idx < n_extra * (KDTR_DV / 2); idx += 256) {
         const int n = idx / (KDTR_DV / 2), col = 2 * (idx % (KDTR_DV / 2)), r = r0 + BM + n;
         const float inv = stats[BM + n], o0 = xs[n * KDTR_DV + col] * inv, o1 = xs[n * KDTR_DV + col + 1] * inv;
-        if (direct) kdtr::store2<OutT>(static_cast<OutT*>(p.out) + ((long long)b * R + r) * KDTR_DV + col, o0, o1);
-        else kdtr::store2<float>(ws_o + (((long long)b * nsplit + split) * R + r) * KDTR_DV + col, o0, o1);
+        if (direct) kdtr::store2<OutT>(static_cast<OutT*>(p.out) + orow_of(r) + col, o0, o1);
+        else kdtr::store2<float>(ws_o + orow_of(r) + col, o0, o1);
       }
     }
     if (c == 0) phases.epilogue_done();

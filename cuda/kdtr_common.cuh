@@ -130,19 +130,6 @@ __device__ __forceinline__ void store2<__nv_bfloat16>(__nv_bfloat16* dst, float 
   *reinterpret_cast<__nv_bfloat162*>(dst) = __floats2bfloat162_rn(x, y);
 }
 
-// ---- one float to the output type ---------------------------------------------------------------
-
-template <typename OutT>
-__device__ __forceinline__ void store1(OutT* dst, float x);
-template <>
-__device__ __forceinline__ void store1<float>(float* dst, float x) {
-  *dst = x;
-}
-template <>
-__device__ __forceinline__ void store1<__nv_bfloat16>(__nv_bfloat16* dst, float x) {
-  *dst = __float2bfloat16_rn(x);
-}
-
 // ---- constants of the exp2-domain softmax ---------------------------------------------------------
 
 constexpr float LOG2E = 1.4426950408889634f;  // log2(e): exp(x) = exp2(x * LOG2E)

@@ -212,15 +212,14 @@ def plan(B: int, T: int, H: int, prefix_max: int, sm_count: int, bn: int, bug: i
     rows, slots = T * H, sm_count * ctas_per_sm
     mt = mt or row_tile_m(rows)
     row_tiles, xr = extra_row_tiles(rows, 16 * mt, extra_rows)
+    chosen = splits or choose_splits(prefix_max, T, bn, row_tiles * B, rows, B, slots)
     if xr and not xr_always:  # transposed rows only where the model says they pay (their tiles cost XR_TILE_COST)
         plain = -(-rows // (16 * mt))
-        def cost(tiles: int, tile_cost: float, fixed: float) -> float:
-            s = splits or choose_splits(prefix_max, T, bn, tiles * B, rows, B, slots)
-            return plan_cost(prefix_max, T, bn, tiles * B, rows, B, slots, s, tile_cost, fixed)
-
-        if cost(plain, 1.0, CTA_FIXED_TILES) <= cost(row_tiles, XR_TILE_COST, XR_CTA_FIXED_TILES):
-            row_tiles, xr = plain, 0
-    splits = splits or choose_splits(prefix_max, T, bn, row_tiles * B, rows, B, slots)
+        plain_splits = splits or choose_splits(prefix_max, T, bn, plain * B, rows, B, slots)
+        if (plan_cost(prefix_max, T, bn, plain * B, rows, B, slots, plain_splits, 1.0, CTA_FIXED_TILES)
+                <= plan_cost(prefix_max, T, bn, row_tiles * B, rows, B, slots, chosen, XR_TILE_COST, XR_CTA_FIXED_TILES)):
+            row_tiles, xr, chosen = plain, 0, plain_splits
+    splits = chosen
     if bug == Bug.MERGE_WRONG_MAX:
         splits = max(2, splits)  # the planted merge bug needs a merge
     units = min(rows, 16 * mt) * MERGE_UNITS_PER_ROW  # of the fullest row tile

@@ -89,6 +89,12 @@ long_flash() {  # generate the long suite (CPU reference), verify flash-sm90 and
   tail -n 2 "$LOGS/verify_flash_long.log" >>"$SUMMARY"
 }
 
+old_tree_timings() {  # old_tree_timings SET: flash-sm90 of ab_old/ (an exported older tree) on sm90_ablate.py's SET
+  [ -d ab_old/kdtr ] || return 1
+  KDTR_CACHE_DIR=$PWD/.kdtr-cache-old PYTHONPATH=$PWD/ab_old stage ab_old timeout 200 python3 scripts/sm90_ablate.py "$1" old=
+  grep -v Warn "$LOGS/ab_old.log" | tail -n 48 >>"$SUMMARY"
+}
+
 bench_sets() {  # flash-sm90 on the compute and memory shape sets against torch eager; JSON to $OUT
   for set in compute memory; do
     stage bench_f_$set timeout 120 $KDTR bench -k flash-sm90 --baselines eager --set $set --no-check --json "$LOGS/bench_f_$set.json"
@@ -198,12 +204,7 @@ for mode in "${@:-check}"; do
       grep -v Warn "$LOGS/sm90_ablate.log" | tail -n 60 >>"$SUMMARY"
       ;;
     abtree)  # an older tree's flash-sm90 against this one, same machine, same shapes
-      if [ -d ab_old/kdtr ]; then
-        KDTR_CACHE_DIR=$PWD/.kdtr-cache-old PYTHONPATH=$PWD/ab_old stage ab_old timeout 200 python3 scripts/sm90_ablate.py "${AB_SHAPES:-balance}" old=
-        grep -v Warn "$LOGS/ab_old.log" | tail -n 40 >>"$SUMMARY"
-      else
-        note "abtree: no ab_old/ tree"
-      fi
+      old_tree_timings "${AB_SHAPES:-balance}" || note "abtree: no ab_old/ tree"
       stage ab_new timeout 200 python3 scripts/sm90_ablate.py "${AB_SHAPES:-balance}" new=
       grep -v Warn "$LOGS/ab_new.log" | tail -n 40 >>"$SUMMARY"
       ;;
@@ -214,10 +215,7 @@ for mode in "${@:-check}"; do
       tail -n 1 "$LOGS/verify_xr1_ci.log" >>"$SUMMARY"
       flash_tests
       KDTR_FLASH_XR=1 sanitize_ci flash-sm90
-      if [ -d ab_old/kdtr ]; then
-        KDTR_CACHE_DIR=$PWD/.kdtr-cache-old PYTHONPATH=$PWD/ab_old stage ab_old timeout 150 python3 scripts/sm90_ablate.py xr old=
-        grep -v Warn "$LOGS/ab_old.log" | tail -n 48 >>"$SUMMARY"
-      fi
+      old_tree_timings xr
       for x in 0 1; do
         KDTR_FLASH_XR=$x stage ab_xr$x timeout 150 python3 scripts/sm90_ablate.py xr xr$x=
         grep -v Warn "$LOGS/ab_xr$x.log" | tail -n 48 >>"$SUMMARY"
