@@ -7,7 +7,8 @@
 //                                    the last row tile also takes the request's 1..8 rows past a
 //                                    multiple of 64 (Kimi T9: 72 rows in one CTA).
 //   kdtr_flash_combine<OutT>,        the split merges shared with flash_verify.cu (flash_split.cuh);
-//   kdtr_flash_combine_rows<OutT>    one-wave grids merge inside the main kernel instead (MERGE = 1).
+//   kdtr_flash_combine_rows<OutT>    one-wave grids merge inside the main kernel instead (MERGE = 1);
+//   kdtr_flash_combine_jobs<OutT, 64> the merge of segments' cut jobs (below).
 //
 // Design (SPEC sections 1, 3, 5; the same operator, split plan and workspace as flash_verify.cu)
 //   * wgmma.mma_async (m64nNk16, bf16 in, fp32 accumulate): the tensor cores read the KV tile
@@ -37,6 +38,10 @@
 //   * Splits: partial (out, lse) merged by kdtr_flash_combine(_rows), or, on one-wave decode grids
 //     (MERGE = 1, kdtr/flash.py), inside this kernel by the last splits of each row tile to
 //     finish (kdtr::merge_in_kernel).
+//   * Segments: where kdtr/schedule.py's model says uniform splits leave SMs idle (136 row tiles on
+//     132 SMs), the grid is a work table instead: CTA x walks the key range of its row (any tile
+//     boundary), longest first; a row tile in one piece writes out directly, cut ones go through
+//     kdtr_flash_combine_jobs.
 //   * Tree tail in the same pass: only tail tiles some row of the CTA sees are loaded; each row's
 //     mask word decides visibility. Full prefix tiles skip the mask arithmetic.
 //   * Transposed rows (XR = 8, where kdtr/flash.py's cost model says they pay: many requests): rows
@@ -162,9 +167,10 @@ static_assert(32 * COMBINE_WARPS == 256 && (COMBINE_RED_FLOATS + 1) * 4 <= STAGE
 }  // namespace f90
 
 // Read by kdtr/flash.py (module.get_global) so the launcher never restates these numbers.
-extern "C" __constant__ int kdtr_flash90_config[10] = {f90::BN, f90::STAGES, f90::MAX_T, f90::Smem::bytes,
+extern "C" __constant__ int kdtr_flash90_config[12] = {f90::BN, f90::STAGES, f90::MAX_T, f90::Smem::bytes,
                                                       f90::NTHREADS, 32 * COMBINE_WARPS, COMBINE_MAX_CHUNKS,
-                                                      f90::TMA_BOX_COLS, f90::TMA_BOX_SLABS, COMBINE_ROWS_MAX_SPLITS};
+                                                      f90::TMA_BOX_COLS, f90::TMA_BOX_SLABS, COMBINE_ROWS_MAX_SPLITS,
+                                                      kdtr::WORK_INTS, kdtr::JOB_INTS};
 
 // The KV cache as a TMA tensor (a CUtensorMap, 128 opaque bytes): kdtr/tma.py encodes it on the host
 // as 3-D bf16 (64 columns, num_pages * page_size slots, 9 slabs; the slab dimension a 128-byte stride),
@@ -464,21 +470,27 @@ __device__ __forceinline__ void st_shared_u16(unsigned addr, unsigned short v) {
 // ---------------------------------------------------------------------------------------------
 // kernels
 // ---------------------------------------------------------------------------------------------
-// MERGE: the splits are merged here (kdtr::merge_in_kernel), not by kdtr_flash_combine; only for
+// MERGE = 1: the splits are merged here (kdtr::merge_in_kernel), not by kdtr_flash_combine; only for
 // one-wave grids (kdtr/flash.py). XR: 0, or XR_MAX when the last row tile takes the request's
 // 1..XR_MAX rows past a multiple of 64 as transposed rows (kdtr/flash.py decides; see XR_MAX above).
+// MERGE = 2 (segments): the grid is the work table `work`, a row of kdtr::WORK_INTS per CTA (grid
+// (pieces, 1, 1), kdtr/schedule.py), cut jobs merged by kdtr_flash_combine_jobs; else work is null
+// and the grid is (row tiles, splits, B). Never with XR (its row tile is the grid's last).
 template <typename OutT, int BUG, int MERGE, int XR>
 __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const KdtrParams p,
-                                                                        const __grid_constant__ KvTensorMap kv_map) {
+                                                                        const __grid_constant__ KvTensorMap kv_map,
+                                                                        const int* __restrict__ work) {
   using namespace f90;
   using kdtr::LN2;
   using kdtr::LOG2E;
 
   static_assert(XR == 0 || XR == XR_MAX, "transposed rows: none or XR_MAX");
   static_assert(!(MERGE && XR), "a 65..72-row tile merges 260+ units: more than the plan's splits (kdtr/flash.py)");
+  constexpr bool SEGMENTS = MERGE == 2, MERGE_HERE = MERGE == 1;
   extern __shared__ __align__(1024) unsigned char smem[];
   const unsigned base = kdtr::smem_addr(smem);  // Smem offsets from here; TMA and wgmma's swizzle need 1 KB alignment
   if (base & 1023u) __trap();                   // the hardware gives it (no static shared memory); stop loudly if not
+  if (SEGMENTS && !work) __trap();              // segments need their work table (others ignore `work`)
   const unsigned bars = base + Smem::bars;      // u64 mbarrier of stage st at bars + 8 st
   CtaPhases phases;
   phases.start();
@@ -491,18 +503,20 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wg = warp >> 2, wtid = tid & 127, ww = warp & 3;  // warpgroup, thread and warp in it
   const int g = lane >> 2, tq = lane & 3;
-  const int b = blockIdx.z, split = blockIdx.y, nsplit = p.num_splits;
+  // this CTA's request b and row tile: the grid's (uniform splits), or its work table row (segments)
+  const kdtr::CtaWork cw = SEGMENTS ? kdtr::segment_work<BN, BUG, BM>(p, work) : kdtr::CtaWork{};
+  const int b = SEGMENTS ? cw.b : blockIdx.z, split = blockIdx.y, nsplit = p.num_splits;
   const int H = p.H, T = p.T, R = T * H, W = p.mask_words;
-  const int r0 = blockIdx.x * BM;
+  const int r0 = (SEGMENTS ? cw.rt : blockIdx.x) * BM;
   // the last row tile's rows past BM (transposed products); the plan leaves at most XR there
   const int n_extra = XR && blockIdx.x == gridDim.x - 1 ? max(0, min(XR, R - r0 - BM)) : 0;
   const bool has_x = n_extra > 0;
   const int r_end = min(R, r0 + BM) + n_extra;  // this CTA's rows: [r0, r_end)
-  const int P = p.prefix_lens[b];
+  const int P = SEGMENTS ? cw.P : p.prefix_lens[b];
   const unsigned* mask_b = p.tree_mask + (long long)b * T * W;
 
-  // ---- this CTA's keys: prefix range [kp_lo, kp_hi) of its split, plus the tail if last ----
-  const kdtr::SplitKeys keys = kdtr::split_keys<BN, BUG>(P, T, split, nsplit);
+  // ---- this CTA's keys: prefix range [kp_lo, kp_hi) of its split or piece, plus the tail if last ----
+  const kdtr::SplitKeys keys = SEGMENTS ? cw.keys : kdtr::split_keys<BN, BUG>(P, T, split, nsplit);
   phases.reached(CtaPhases::SPLIT, keys.lo);
   const int kp_lo = keys.lo, kp_hi = keys.hi, n_pre = keys.n_pre;
   const bool has_tail = keys.has_tail;
@@ -535,9 +549,12 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
   const bool use_tma = TMA && BUG != KDTR_BUG_PAGE_OFF_BY_ONE && p.page_size % BN == 0;
   const int n_tma = use_tma ? (kp_hi - kp_lo) / BN : 0;  // tiles 0 .. n_tma - 1: the full prefix tiles
   auto tma_tile = [&](int i) { return i < n_tma; };
-  const bool direct = nsplit == 1;
+  const bool direct = SEGMENTS ? cw.direct : nsplit == 1;
   float* ws_o = static_cast<float*>(p.workspace);
-  float* ws_lse = ws_o + (long long)p.B * nsplit * R * KDTR_DV;
+  // partial row of row r (its lse at ws_lse[prow], its out at ws_o + prow * 512); the uniform form is
+  // written out from blockIdx here, as before segments, so that those builds compile as they did
+  float* ws_lse = ws_o + (SEGMENTS ? cw.lse_off : (long long)p.B * nsplit * R * KDTR_DV);
+  auto prow = [&](int r) { return SEGMENTS ? (long long)cw.prow0 + r : ((long long)b * nsplit + split) * R + r; };
 
   if (wg == 0) {
     // =========================== producer: S = Q K^T, softmax ===========================
@@ -762,7 +779,7 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
       const float lse2 = BUG == KDTR_BUG_MERGE_WRONG_MAX && !direct ? log2f(l) : m + log2f(l);
       const float lse = l > 0.f ? lse2 * LN2 : kdtr::neg_inf();
       if (direct) p.lse[(long long)b * R + r] = lse;
-      else ws_lse[((long long)b * nsplit + split) * R + r] = lse;
+      else ws_lse[prow(r)] = lse;
     };
     if (XR && has_x && ww < 2) {  // the transposed rows' l: over g, then across warps 0-1 (xmax sits in stats)
       float* xm = reinterpret_cast<float*>(smem + Smem::xmax) + (n_tiles % STAGES) * 2 * XR_MAX;  // free since P full of tile n_tiles - 1
@@ -792,7 +809,7 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
       if (tq == 0) stats[rl] = l > 0.f ? 1.f / l : 0.f;  // 1 / l: the consumers only multiply
       if (tq == 0 && r < R) write_lse(r, m, l);
     }
-    if (MERGE && !direct) __threadfence();  // lse before the consumers' merge ticket
+    if (MERGE_HERE && !direct) __threadfence();  // lse before the consumers' merge ticket
     bar_arrive(BAR_STATS, NTHREADS);
   } else {
     // ================= consumers: tile copies, O[:, c*256..+256] += P V =================
@@ -956,7 +973,7 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
 
     // ---- epilogue: out (one split) or fp32 partials (several) ----
     auto orow_of = [&](int r) {  // element offset of row r in out or in this split's partials
-      return direct ? ((long long)b * R + r) * KDTR_DV : (((long long)b * nsplit + split) * R + r) * KDTR_DV;
+      return direct ? ((long long)b * R + r) * KDTR_DV : prow(r) * KDTR_DV;
     };
     // O^T goes to shared memory first, as rows: its registers are free before the 64 rows' stores (held
     // through them, the build spilled) and the rows leave in whole lines. KV stage n_tiles % STAGES is
@@ -995,7 +1012,7 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
       }
     }
     if (c == 0) phases.epilogue_done();
-    if (MERGE && !direct) {  // the merge scratch reuses KV stage 0: every tile is done
+    if (MERGE_HERE && !direct) {  // the merge scratch reuses KV stage 0: every tile is done
       float* red = reinterpret_cast<float*>(smem + Smem::kv);
       kdtr::merge_in_kernel<OutT, COMBINE_WARPS>(p, b, blockIdx.x, r0, r_end - r0, tid - 128, red,
                                                  reinterpret_cast<int*>(red + COMBINE_RED_FLOATS),

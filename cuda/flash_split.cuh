@@ -6,6 +6,10 @@
 //   fp32 partial out [B, splits, R, 512], then fp32 partial lse [B, splits, R] (natural log,
 //   -inf for a split that saw no key of the row), then uint32 merge counters [B, row tiles, 2]
 //   (in-kernel merge only; zero before a launch, zero again after it); R = T * H rows per request.
+// Segments (flash-sm90 with a work table, kdtr/schedule.py): each CTA walks the piece its table row
+// names; pieces of a cut job write fp32 partial out [slots, ROWS, 512] then lse [slots, ROWS] at their
+// slot (num_splits = slots), merged by kdtr_flash_combine_jobs<OutT, ROWS>; a job in one piece writes
+// out directly. A partial row index prow addresses both arrays: lse at prow, out at prow * 512.
 // The merge runs as kdtr_flash_combine_rows<OutT> (one warp per row: many-row grids, splits <=
 // COMBINE_ROWS_MAX_SPLITS), as kdtr_flash_combine<OutT>, launched with grid (R, B, chunks <=
 // COMBINE_MAX_CHUNKS) and block 32 * COMBINE_WARPS (decode: few rows, up to hundreds of splits), or
@@ -32,18 +36,56 @@ struct SplitKeys {
   bool has_tail;
 };
 
+// Prefix keys [lo, hi) (+ the tail) of a request with prefix P, as a kernel with planted bug BUG walks them.
+template <int BN, int BUG>
+__device__ __forceinline__ SplitKeys range_keys(int P, int lo, int hi, bool has_tail) {
+  SplitKeys k;
+  k.lo = lo;
+  k.hi = hi;
+  if (BUG == KDTR_BUG_DROP_PARTIAL_TILE) k.hi = max(k.lo, min(k.hi, P / KDTR_BUG_TILE * KDTR_BUG_TILE));
+  if (BUG == KDTR_BUG_DROP_PREFIX_KEY && P > 0 && k.hi == P) k.hi = max(k.lo, P - 1);
+  k.n_pre = (k.hi - k.lo + BN - 1) / BN;
+  k.has_tail = has_tail;
+  return k;
+}
+
 template <int BN, int BUG>
 __device__ __forceinline__ SplitKeys split_keys(int P, int T, int split, int nsplit) {
   const int tiles = (P + BN - 1) / BN + (T + BN - 1) / BN;
   const int split_len = max(1, (tiles + nsplit - 1) / nsplit) * BN;
-  SplitKeys k;
-  k.lo = min(P, split * split_len);
-  k.hi = split == nsplit - 1 ? P : min(P, k.lo + split_len);
-  if (BUG == KDTR_BUG_DROP_PARTIAL_TILE) k.hi = max(k.lo, min(k.hi, P / KDTR_BUG_TILE * KDTR_BUG_TILE));
-  if (BUG == KDTR_BUG_DROP_PREFIX_KEY && P > 0 && k.hi == P) k.hi = max(k.lo, P - 1);
-  k.n_pre = (k.hi - k.lo + BN - 1) / BN;
-  k.has_tail = split == nsplit - 1;
-  return k;
+  const int lo = min(P, split * split_len);
+  return range_keys<BN, BUG>(P, lo, split == nsplit - 1 ? P : min(P, lo + split_len), split == nsplit - 1);
+}
+
+// A segments CTA's work (flash-sm90, MERGE = 2): request b, row tile rt, its keys and where its rows
+// go (direct: out and lse; else partial row prow0 + r of row r, the lse partials lse_off floats into
+// the workspace), from row blockIdx.x of the work table, ROWS rows a slot. Partial rows count below
+// 2^31 (their workspace would be 4 TB).
+struct CtaWork {
+  int b, rt, P;
+  SplitKeys keys;
+  bool direct;
+  int prow0;
+  long long lse_off;
+};
+
+// A work table row (kdtr/schedule.py WORK_FIELDS): request, row tile, prefix keys [lo, hi), tail, slot.
+constexpr int WORK_INTS = 6;
+// A combine job row (kdtr/schedule.py JOB_FIELDS): request, first row, first slot, slots.
+constexpr int JOB_INTS = 4;
+
+template <int BN, int BUG, int ROWS>
+__device__ __forceinline__ CtaWork segment_work(const KdtrParams& p, const int* work) {
+  CtaWork c;
+  const int* w = work + (long long)blockIdx.x * WORK_INTS;
+  c.b = w[0];
+  c.rt = w[1];
+  c.P = p.prefix_lens[c.b];
+  c.keys = range_keys<BN, BUG>(c.P, w[2], w[3], w[4] != 0);
+  c.direct = w[5] < 0;
+  c.prow0 = (w[5] - c.rt) * ROWS;
+  c.lse_off = (long long)p.num_splits * ROWS * KDTR_DV;
+  return c;
 }
 
 // Mask word w of node t as a kernel with planted bug BUG reads it (SIBLING_VISIBLE adds node t-1).
@@ -193,55 +235,93 @@ __device__ __forceinline__ void merge_in_kernel(const KdtrParams& p, int b, int 
 
 }  // namespace kdtr
 
-// One warp per output row, COMBINE_WARPS rows per CTA, grid (ceil(R / COMBINE_WARPS), B), for
-// splits <= COMBINE_ROWS_MAX_SPLITS: lane s reads split s's lse, then every lane reads its 16
-// columns (4 float4, lane + 32 j) of 4 splits at a time; no barrier, no shared memory. kdtr/flash.py
-// launches it where the rows alone fill the GPU (compute shapes), where kdtr_flash_combine's one row
-// per CTA waited on three dependent round trips per row (docs/PERF.md, session 6: 0.75 TB/s).
-template <typename OutT>
-__global__ void __launch_bounds__(32 * COMBINE_WARPS) kdtr_flash_combine_rows(const KdtrParams p) {
+namespace kdtr {
+
+// One warp merges one output row from S partial rows: partial s's lse at ws_lse[prow(s)], its row
+// at ws_o + prow(s) * 512. Lane s holds slot s's lse (32 at a time), every lane reads its 16 columns
+// (4 float4, lane + 32 j) of 4 partials at a time; no barrier, no shared memory. ANY_S: S may pass
+// 32 (the chunk loop costs ~20 registers, so callers with S <= 32 leave it out).
+template <typename OutT, bool ANY_S, typename Prow>
+__device__ __forceinline__ void merge_row_warp(const float* ws_o, const float* ws_lse, Prow prow, int S, OutT* out,
+                                               float* lse_out, int lane) {
   constexpr int BATCH = 4, PER_LANE = KDTR_DV / 4 / 32;  // float4 of a row per lane: 4
-  const int R = p.T * p.H, S = p.num_splits, b = blockIdx.y, lane = threadIdx.x & 31;
-  const int row = blockIdx.x * COMBINE_WARPS + (threadIdx.x >> 5);
-  if (row >= R) return;
-  const float* ws_o = static_cast<const float*>(p.workspace);
-  const float lse = lane < S ? ws_o[(long long)p.B * S * R * KDTR_DV + ((long long)b * S + lane) * R + row] : kdtr::neg_inf();
-  const float M = kdtr::warp_max<32>(lse);
+  const float l0 = lane < S ? ws_lse[prow(lane)] : neg_inf();
+  float M = l0;
+  if (ANY_S)
+    for (int s = lane + 32; s < S; s += 32) M = fmaxf(M, ws_lse[prow(s)]);
+  M = warp_max<32>(M);
   float4 acc[PER_LANE];
 #pragma unroll
   for (int j = 0; j < PER_LANE; ++j) acc[j] = make_float4(0.f, 0.f, 0.f, 0.f);
   float wsum = 0.f;
-  for (int s0 = 0; s0 < S; s0 += BATCH) {
-    float4 x[BATCH][PER_LANE];
+  for (int c0 = 0; c0 < (ANY_S ? S : 1); c0 += 32) {
+    const float lse = c0 == 0 ? l0 : c0 + lane < S ? ws_lse[prow(c0 + lane)] : neg_inf();
+    const int n = ANY_S ? min(32, S - c0) : S;
+    for (int s0 = 0; s0 < n; s0 += BATCH) {
+      float4 x[BATCH][PER_LANE];
 #pragma unroll
-    for (int k = 0; k < BATCH; ++k) {  // an index past S reads split S - 1 again, with weight 0
-      const float4* src = reinterpret_cast<const float4*>(ws_o + (((long long)b * S + min(s0 + k, S - 1)) * R + row) * KDTR_DV);
+      for (int k = 0; k < BATCH; ++k) {  // an index past S reads partial S - 1 again, with weight 0
+        const float4* src = reinterpret_cast<const float4*>(ws_o + prow(min(c0 + s0 + k, S - 1)) * KDTR_DV);
 #pragma unroll
-      for (int j = 0; j < PER_LANE; ++j) x[k][j] = src[lane + 32 * j];
-    }
+        for (int j = 0; j < PER_LANE; ++j) x[k][j] = src[lane + 32 * j];
+      }
 #pragma unroll
-    for (int k = 0; k < BATCH; ++k) {
-      const float ls = __shfl_sync(0xffffffffu, lse, (s0 + k) & 31);
-      const float w = s0 + k < S && ls != kdtr::neg_inf() ? exp2f((ls - M) * kdtr::LOG2E) : 0.f;
-      wsum += w;
+      for (int k = 0; k < BATCH; ++k) {
+        const float ls = __shfl_sync(0xffffffffu, lse, (s0 + k) & 31);
+        const float w = s0 + k < n && ls != neg_inf() ? exp2f((ls - M) * LOG2E) : 0.f;
+        wsum += w;
 #pragma unroll
-      for (int j = 0; j < PER_LANE; ++j) {
-        acc[j].x += w * x[k][j].x;
-        acc[j].y += w * x[k][j].y;
-        acc[j].z += w * x[k][j].z;
-        acc[j].w += w * x[k][j].w;
+        for (int j = 0; j < PER_LANE; ++j) {
+          acc[j].x += w * x[k][j].x;
+          acc[j].y += w * x[k][j].y;
+          acc[j].z += w * x[k][j].z;
+          acc[j].w += w * x[k][j].w;
+        }
       }
     }
   }
   const float inv = 1.f / wsum;
-  OutT* out = static_cast<OutT*>(p.out) + ((long long)b * R + row) * KDTR_DV;
 #pragma unroll
   for (int j = 0; j < PER_LANE; ++j) {
     const int c = 4 * (lane + 32 * j);
-    kdtr::store2<OutT>(out + c, acc[j].x * inv, acc[j].y * inv);
-    kdtr::store2<OutT>(out + c + 2, acc[j].z * inv, acc[j].w * inv);
+    store2<OutT>(out + c, acc[j].x * inv, acc[j].y * inv);
+    store2<OutT>(out + c + 2, acc[j].z * inv, acc[j].w * inv);
   }
-  if (lane == 0) p.lse[(long long)b * R + row] = M + logf(wsum);
+  if (lane == 0) *lse_out = M + logf(wsum);
+}
+
+}  // namespace kdtr
+
+// One warp per output row, COMBINE_WARPS rows per CTA, grid (ceil(R / COMBINE_WARPS), B), for
+// splits <= COMBINE_ROWS_MAX_SPLITS (kdtr::merge_row_warp). kdtr/flash.py launches it where the rows
+// alone fill the GPU (compute shapes), where kdtr_flash_combine's one row per CTA waited on three
+// dependent round trips per row (docs/PERF.md, session 6: 0.75 TB/s).
+template <typename OutT>
+__global__ void __launch_bounds__(32 * COMBINE_WARPS) kdtr_flash_combine_rows(const KdtrParams p) {
+  const int R = p.T * p.H, S = p.num_splits, b = blockIdx.y;
+  const int row = blockIdx.x * COMBINE_WARPS + (threadIdx.x >> 5);
+  if (row >= R) return;
+  const float* ws_o = static_cast<const float*>(p.workspace);
+  kdtr::merge_row_warp<OutT, false>(ws_o, ws_o + (long long)p.B * S * R * KDTR_DV,
+                             [&](int s) { return ((long long)b * S + s) * R + row; }, S,
+                             static_cast<OutT*>(p.out) + ((long long)b * R + row) * KDTR_DV,
+                             p.lse + (long long)b * R + row, threadIdx.x & 31);
+}
+
+// Segments: the cut jobs' merge, one warp per row, grid (ROWS / COMBINE_WARPS, cut jobs); job row
+// blockIdx.y of `jobs` (JOB_INTS each) names the request, its first row and its slots, ROWS rows a
+// slot (kdtr/schedule.py; any number of slots).
+template <typename OutT, int ROWS>
+__global__ void __launch_bounds__(32 * COMBINE_WARPS) kdtr_flash_combine_jobs(const KdtrParams p, const int* jobs) {
+  const int* job = jobs + (long long)blockIdx.y * kdtr::JOB_INTS;
+  const int b = job[0], r0 = job[1], slot0 = job[2], S = job[3], rl = blockIdx.x * COMBINE_WARPS + (threadIdx.x >> 5);
+  const int R = p.T * p.H, row = r0 + rl;
+  if (rl >= ROWS || row >= R) return;
+  const float* ws_o = static_cast<const float*>(p.workspace);
+  kdtr::merge_row_warp<OutT, true>(ws_o, ws_o + (long long)p.num_splits * ROWS * KDTR_DV,
+                             [&](int s) { return (long long)(slot0 + s) * ROWS + rl; }, S,
+                             static_cast<OutT*>(p.out) + ((long long)b * R + row) * KDTR_DV,
+                             p.lse + (long long)b * R + row, threadIdx.x & 31);
 }
 
 // One CTA per (row, request, column chunk): kdtr::merge_row over the chunk's columns. Decode

@@ -17,12 +17,15 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from kdtr.bugs import Bug
 from kdtr.nvrtc import CUDA_DIR
-from kdtr.presets import DV
+from kdtr.presets import DK, DV
 
 COMBINE = "kdtr_flash_combine<{out}>"
 COMBINE_ROWS = "kdtr_flash_combine_rows<{out}>"
+COMBINE_JOBS = "kdtr_flash_combine_jobs<{out}, {rows}>"
 
 
 @dataclass(frozen=True)
@@ -42,12 +45,16 @@ class FlashVariant:
     arch: str | None = None
     """Compile target when not the device's own (sm_90a: wgmma needs the arch-specific target)."""
     merges_in_kernel: bool = False
-    """The main kernel takes {merge}: 1 merges the splits itself on one-wave grids (no combine launch)."""
+    """The main kernel takes {merge}: 1 merges the splits itself on one-wave grids (no combine launch);
+    2 (where tile_ns is set) walks a work table of segments (kdtr/schedule.py)."""
     kv_tensor_map: bool = False
     """The main kernel's second parameter is the cache's TMA tensor map (kdtr/tma.py; box from the config)."""
     extra_rows: int = 0
     """Rows past 16 * mt the last row tile can take as transposed products (the {xr} template; the
     kernel's XR_MAX, a test keeps them equal); 0: none."""
+    tile_ns: float = 0.0
+    """Measured time of one KV tile of a 64-row CTA, ns: the segments' model (kdtr/schedule.py); 0: the
+    kernel takes no work table."""
 
     def mt_for(self, rows: int) -> int:
         return row_tile_m(rows) if len(self.mts) > 1 else self.mts[0]
@@ -61,8 +68,8 @@ MMA = FlashVariant(
 SM90 = FlashVariant(
     CUDA_DIR / "flash_sm90.cu", "kdtr_flash90_verify<{out}, {bug}, {merge}, {xr}>", "kdtr_flash90_config",
     ("BN", "STAGES", "MAX_T", "SMEM_MT4", "THREADS_MT4", "COMBINE_THREADS", "COMBINE_MAX_CHUNKS", "TMA_BOX_COLS",
-     "TMA_BOX_SLABS", "COMBINE_ROWS_MAX_SPLITS"), (4,),
-    "sm_90a", merges_in_kernel=True, kv_tensor_map=True, extra_rows=8)
+     "TMA_BOX_SLABS", "COMBINE_ROWS_MAX_SPLITS", "WORK_INTS", "JOB_INTS"), (4,),
+    "sm_90a", merges_in_kernel=True, kv_tensor_map=True, extra_rows=8, tile_ns=1060.0)
 
 NS_PER_KEY = 50.0
 """Model: one CTA's time per key of a full tile (~max of MMA time and KV bytes at one SM's share)."""
@@ -77,6 +84,9 @@ XR_TILE_COST = 1.8
 CTA_FIXED_TILES, XR_CTA_FIXED_TILES = 4.7, 8.6
 """Model: a CTA's prologue and epilogue in 64-row tiles, without and with transposed rows (same
 runs: ~10 000 and ~18 000 cycles)."""
+SEGMENT_ROWS = 64
+"""Segments only for requests of 64+ rows: tile_ns and CTA_FIXED_TILES were measured on full 64-row
+tiles of the compute shapes, not on decode CTAs whose tiles wait on HBM."""
 MERGE_UNITS_PER_ROW = DV // 128
 """The in-kernel merge works in (row, 128-column group) units, one CTA's 8 warps sharing a unit's
 splits (cuda/flash_split.cuh, merge_in_kernel); it is used only while no CTA gets two units."""
@@ -228,6 +238,29 @@ def plan(B: int, T: int, H: int, prefix_max: int, sm_count: int, bn: int, bug: i
     return FlashPlan(mt, row_tiles, splits, B, merge, xr)
 
 
+def choose_segments(P, T: int, H: int, pl: FlashPlan, slots: int, bn: int, tile_ns: float, bug: int = 0,
+                    force: str = "", l2_bytes: int = 0, forced_splits: bool = False):
+    """The segments (kdtr/schedule.py) that replace plan ``pl``, or None to keep it. Taken where the
+    model says they save MIN_GAIN; never with the in-kernel merge or transposed rows (both find
+    their row tile by the grid) or a forced split count. ``force``: "0" never, "1" the best cut even
+    without a gain, N >= 2 a stream-K cut every N tiles (experiments and tests). P: [B] prefix
+    lengths; l2_bytes: the device's L2, which drifting cuts need the KV they cut to fit in."""
+    from kdtr import schedule
+
+    if force == "0" or not tile_ns or pl.merge or pl.xr or (not force and (T * H < SEGMENT_ROWS or forced_splits)):
+        return None
+    rows_per_tile = 16 * pl.mt
+    model = {"fixed_tiles": CTA_FIXED_TILES, "ns_per_tile": tile_ns, "bytes_per_ns": COMBINE_BYTES_PER_NS,
+             "launch_ns": LAUNCH_NS}
+    jobs = schedule.jobs_of(P, T, pl.row_tiles, bn)
+    interval = int(force) if force.isdigit() and int(force) >= 2 else 0
+    kv_bytes = np.asarray(P, np.int64) * DK * 2
+    uniform, found = schedule.best(jobs, T * H, rows_per_tile, slots, pl.splits, model, interval, kv_bytes, l2_bytes)
+    if found is uniform or (bug == Bug.MERGE_WRONG_MAX and not found.split_jobs()):
+        return None  # the planted merge bug needs a merge: the uniform plan gives it one
+    return found if force or found.cost_ns < uniform.cost_ns * (1 - schedule.MIN_GAIN) else None
+
+
 class FlashKernel:
     """``flash`` / ``flash-sm90``: bf16 tensor-core verify + LSE combine (bf16 storage; any page size; T <= MAX_T)."""
 
@@ -263,10 +296,12 @@ class FlashKernel:
         KDTR_FLASH_MT=1|2|4 forces the row tile of ``flash``, KDTR_FLASH_SPLITS=N the split count,
         KDTR_FLASH_MERGE=0 the combine launch instead of flash-sm90's in-kernel merge,
         KDTR_FLASH_COMBINE=rows|split which combine kernel, KDTR_FLASH_XR=0|1 transposed rows never /
-        wherever they apply (else where the plan's model says; for experiments and tests; docs/PERF.md)."""
+        wherever they apply (else where the plan's model says), KDTR_FLASH_SEGMENTS=0|1|N the work
+        table never / wherever allowed / cut every N tiles (choose_segments; for experiments and
+        tests; docs/PERF.md)."""
         import os
 
-        from kdtr.launch import CTYPES, device_info
+        from kdtr.launch import CTYPES, device_info, device_ints
 
         pr, info, v = dp.problem, device_info(), self.variant
         forced_mt = int(os.environ.get("KDTR_FLASH_MT", 0))
@@ -283,7 +318,26 @@ class FlashKernel:
                   forced_splits or None, can_merge, v.extra_rows if xr_env != "0" else 0, xr_env == "1")
         if pl.merge or pl.xr:
             main = self._load(v.main.format(mt=mt, out=out_t, bug=self.bug, merge=int(pl.merge), xr=pl.xr))
-        steps = [(main, pl.grid, (threads, 1, 1), smem, self._tensor_map_args(dp, cfg))]
+        seg = choose_segments(pr.prefix_lens, pr.T, pr.H, pl, info["sm_count"] * per_sm, cfg["BN"], v.tile_ns,
+                              self.bug, os.environ.get("KDTR_FLASH_SEGMENTS", ""), info["l2_bytes"], bool(forced_splits))
+        if seg is not None:
+            from kdtr.schedule import JOB_FIELDS, WORK_FIELDS
+
+            if (cfg["WORK_INTS"], cfg["JOB_INTS"]) != (len(WORK_FIELDS), len(JOB_FIELDS)):
+                raise RuntimeError(f"{v.source.name}: work/job rows of {cfg['WORK_INTS']}/{cfg['JOB_INTS']} ints, "
+                                   f"kdtr/schedule.py writes {len(WORK_FIELDS)}/{len(JOB_FIELDS)}")
+            rows = 16 * mt
+            main = self._load(v.main.format(mt=mt, out=out_t, bug=self.bug, merge=2, xr=0))
+            work, jobs = seg.tables(pr.prefix_lens, cfg["BN"], rows)
+            steps = [(main, (len(work), 1, 1), (threads, 1, 1), smem,
+                      (*self._tensor_map_args(dp, cfg), device_ints(work)))]
+            if len(jobs):
+                warps = cfg["COMBINE_THREADS"] // 32
+                steps.append((self._load(COMBINE_JOBS.format(out=out_t, rows=rows)), (-(-rows // warps), len(jobs), 1),
+                              (cfg["COMBINE_THREADS"], 1, 1), 0, (device_ints(jobs),)))
+            return steps, seg.workspace_bytes(rows), max(1, seg.slots)
+        no_work = (device_ints(np.zeros(0, np.int32)),) if v.tile_ns else ()
+        steps = [(main, pl.grid, (threads, 1, 1), smem, (*self._tensor_map_args(dp, cfg), *no_work))]
         if pl.splits > 1 and not pl.merge:
             name, grid = combine_launch(pr.T * pr.H, pr.B, pl.splits, info["sm_count"], cfg,
                                         os.environ.get("KDTR_FLASH_COMBINE", ""))

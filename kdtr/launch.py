@@ -254,6 +254,14 @@ def read_global_ints(module, name: str, n: int) -> tuple[int, ...]:
     return tuple(int(x) for x in cp.ndarray((n,), cp.int32, module.get_global(name)).get())
 
 
+def device_ints(a: np.ndarray):
+    """An int32 table on the GPU, passed to a kernel as a pointer argument (e.g. flash-sm90's work table);
+    the launcher's argument tuple keeps it alive. An empty table is a null pointer."""
+    if a.size == 0:
+        return np.uint64(0)
+    return _cupy().asarray(np.ascontiguousarray(a, np.int32))
+
+
 def _sync(cp, what: str) -> None:
     try:
         cp.cuda.runtime.deviceSynchronize()
@@ -417,5 +425,5 @@ def _to_f32(x) -> np.ndarray:
 __all__ = [
     "CTYPES", "CudaKernel", "DeviceProblem", "GpuUnavailable", "KernelRuntimeError", "Launch", "Loaded",
     "PyCallableKernel", "RunOutput", "device_arch", "device_info", "gpu_available", "gpu_unavailable_reason",
-    "launch_from_constants", "launch_kernels", "make_launcher", "load_function", "read_global_ints",
+    "device_ints", "launch_from_constants", "launch_kernels", "make_launcher", "load_function", "read_global_ints",
 ]

@@ -25,6 +25,8 @@
 #           (scripts/f90_profile.py), then timed
 #   xr    : flash-sm90's transposed rows: ci (planned, then forced) + sanitizers, flash tests, timings of ab_old/ (if any),
 #           KDTR_FLASH_XR=0 and =1
+#   seg   : flash-sm90's segments: ci (planned, then forced) + every flash test + forced-path sanitizer tests, then
+#           timings of ab_old/ (if any), KDTR_FLASH_SEGMENTS=0 and as planned
 #   wgmma : tensor-pipe rate of flash-sm90's wgmma chains (scripts/wgmma_probe.py)
 #   sm90tests: every flash GPU test, then flash-sm90's sanitizer tests (tests/test_gpu_isolation.py)
 #   sanitize, robust, devices, mtcmp, mtmem: see each case below
@@ -219,6 +221,20 @@ for mode in "${@:-check}"; do
       for x in 0 1; do
         KDTR_FLASH_XR=$x stage ab_xr$x timeout 150 python3 scripts/sm90_ablate.py xr xr$x=
         grep -v Warn "$LOGS/ab_xr$x.log" | tail -n 48 >>"$SUMMARY"
+      done
+      ;;
+    seg)  # flash-sm90's segments (work table, kdtr/schedule.py): ci planned and forced, every flash test, the
+          # forced-path sanitizer tests, then timings with segments off and as planned, on one machine
+      ci_verify flash-sm90
+      KDTR_FLASH_SEGMENTS=1 stage verify_seg1_ci timeout 90 $KDTR verify -k flash-sm90 ci --repeat 3 --json "$LOGS/verify_seg1_ci.json"
+      tail -n 1 "$LOGS/verify_seg1_ci.log" >>"$SUMMARY"
+      flash_tests
+      stage pytest_san_forced timeout 240 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_isolation.py -k forced_paths
+      tail -n 3 "$LOGS/pytest_san_forced.log" >>"$SUMMARY"
+      old_tree_timings segments
+      for x in 0 ""; do
+        KDTR_FLASH_SEGMENTS=$x stage ab_seg$x timeout 150 python3 scripts/sm90_ablate.py segments seg$x=
+        grep -v Warn "$LOGS/ab_seg$x.log" | tail -n 48 >>"$SUMMARY"
       done
       ;;
     knobs)  # experiment builds of flash-sm90: ci first (a wrong build's timings do not count), then profile and timings

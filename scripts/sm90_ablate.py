@@ -11,7 +11,8 @@ builds first, `knobs` scripts/knob_verify.py).
 SHAPES: "default" (a compute and a memory mix), "balance" (the one-wave shapes whose last split
 also walks the tree tail: B1 decode and the small compute shapes), "decode" (Kimi B1 only) or "xr"
 (Kimi T9, whose 72 rows take the transposed-rows build, and a few shapes that do not), "xrmodel" (T9
-batches where the plan's model takes them and nothing had timed them), "recheck" (the
+batches where the plan's model takes them and nothing had timed them), "segments" (the DeepSeek T65
+shapes where kdtr/schedule.py's work table replaces uniform splits, and a few it leaves), "recheck" (the
 shapes a sweep moved by more than noise: an older tree against this one).
 Run with PYTHONPATH set to an exported older tree to time that tree's kernel on the same machine
 (gpu_check.sh abtree).
@@ -35,6 +36,8 @@ SHAPES = {
     "decode": bench.grid(["kimi-k2"], [8], [0, 4, 8], [32768, 131072], [1]),
     "recheck": (bench.grid(["deepseek-v3"], [8], [64], [131072], [8]) + bench.grid(["deepseek-v3"], [8], [64], [32768], [1])
                 + bench.grid(["kimi-k2"], [8], [0, 4], [32768], [1])),
+    "segments": (bench.grid(["deepseek-v3"], [8], [64], [8192, 32768, 131072], [1, 8]) + bench.grid(["deepseek-v3"], [8], [256], [8192], [8])
+                 + bench.grid(["deepseek-v3"], [8], [512], [8192], [8]) + bench.grid(["kimi-k2"], [8], [0], [32768], [32])),
     "xrmodel": bench.grid(["kimi-k2"], [8], [8], [131072], [4, 8]) + bench.grid(["kimi-k2"], [8], [8], [32768], [16]),
     "xr": (bench.grid(["kimi-k2"], [8], [8], [32768, 131072], [1, 32]) + bench.grid(["kimi-k2"], [8], [8], [32768], [4, 8]) + bench.grid(["kimi-k2"], [8], [0], [32768], [1, 32])
            + bench.grid(["kimi-k2"], [8], [4], [131072], [1]) + bench.grid(["deepseek-v3"], [8], [64], [8192], [1, 8])

@@ -124,15 +124,24 @@ def assert_only_known_handoffs(rep):
         assert not odd, f"racecheck names lines outside the known hand-offs: {odd}"
 
 
+SM90_FORCED = {
+    "transposed-rows": {"KDTR_FLASH_XR": "1"},
+    "segments": {"KDTR_FLASH_XR": "0", "KDTR_FLASH_SEGMENTS": "3"},  # work table, pieces of <= 3 tiles
+}
+"""flash-sm90 paths ci's own plans rarely take, forced for the sanitizer runs."""
+
+
 @needs_sanitizer
 @pytest.mark.usefixtures("sanitizer_works")
 @pytest.mark.parametrize("tool", ["memcheck", "racecheck"])
-def test_flash_sm90_transposed_rows_are_clean_under_the_sanitizer(tmp_path, tool, monkeypatch):
-    """The two 68-row bundles with flash-sm90's transposed rows forced on (KDTR_FLASH_XR=1): memcheck
+@pytest.mark.parametrize("path", sorted(SM90_FORCED))
+def test_flash_sm90_forced_paths_are_clean_under_the_sanitizer(tmp_path, tool, path, monkeypatch):
+    """The two 68-row bundles with flash-sm90's transposed rows, or its segments, forced on: memcheck
     clean, racecheck naming only the known hand-offs."""
     if device_arch() != "sm_90":
         pytest.skip(f"flash-sm90 needs an sm_90 GPU; this one is {device_arch()}")
-    monkeypatch.setenv("KDTR_FLASH_XR", "1")
+    for key, value in SM90_FORCED[path].items():
+        monkeypatch.setenv(key, value)
     code, rep, out = verify(tmp_path, "-k", "flash-sm90", "--sanitize", tool, *SANITIZE_BUNDLES[:2])
     if tool == "racecheck":
         assert_only_known_handoffs(rep)

@@ -179,7 +179,7 @@ def test_flash_sm90_reads_full_prefix_tiles_through_the_tensor_map(page_size):
     one_less = tma.KvMapSpec(dims, full.strides, full.box)  # stays inside the cache
     shifted = tma.encode(one_less, dp.kv_cache.data.ptr + DK * 2)  # row r of the map is cache row r + 1
     results = {}
-    for label, extra in (("right", steps[0][4]), ("shifted", (shifted,))):
+    for label, extra in (("right", steps[0][4]), ("shifted", (shifted, *steps[0][4][1:]))):
         go = make_launcher(dp, [(*steps[0][:4], extra), *steps[1:]], ws, splits)
         dp.poison()
         go()
@@ -299,6 +299,83 @@ def test_flash_sm90_passes_ci_with_transposed_rows_wherever_they_apply(ci_paths,
     if device_arch() != "sm_90":
         pytest.skip("flash-sm90 needs an sm_90 GPU")
     monkeypatch.setenv("KDTR_FLASH_XR", "1")
+    rep = run_verify(resolve_kernel("flash-sm90"), ci_paths, repeat=3)
+    assert not rep.failed, _describe(rep)
+    assert sum(r.status is Status.PASS for r in rep.results) >= 10
+
+
+SEGMENT_CASES = {  # (heads, budget, prefix lengths, page size, out dtype, forced cut in tiles)
+    "t65-mixed-page64": (16, 64, (1500, 0, 333, 2900), 64, "bf16", "7"),  # 17 row tiles; a request without prefix
+    "t65-page1-fp32": (16, 64, (900, 41), 1, "fp32", "5"),
+    "t17-cut-every-tile": (16, 16, (700, 64), 64, "bf16", "2"),             # 272 rows, many 2-tile pieces
+    "t65-model-choice": (16, 64, (2000, 1999, 1500, 1700, 2100, 1800, 1900, 2000), 64, "bf16", "1"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SEGMENT_CASES))
+def test_flash_sm90_segments_match_the_reference(case, monkeypatch):
+    """The work table (kdtr/schedule.py, MERGE = 2): pieces cut anywhere on a tile boundary across
+    mixed prefix lengths, pages of 64 and 1, longest first; cut jobs merged by
+    kdtr_flash_combine_jobs, whole ones written directly. out and lse match the reference and a
+    relaunch gives the same bits."""
+    import numpy as np
+
+    from kdtr.cases import CaseSpec, build_problem
+    from kdtr.compare import compare
+    from kdtr.launch import DeviceProblem, make_launcher
+    from kdtr.reference import reference
+    from kdtr.tolerances import default
+
+    if device_arch() != "sm_90":
+        pytest.skip("flash-sm90 needs an sm_90 GPU")
+    heads, budget, prefix, page, out_dtype, cut = SEGMENT_CASES[case]
+    monkeypatch.setenv("KDTR_FLASH_SEGMENTS", cut)
+    spec = CaseSpec(model="deepseek-v3", heads=heads, prefix_lens=prefix, family="ddtree", budget=budget,
+                    page_size=page, out_dtype=out_dtype)
+    prob, _ = build_problem(spec)
+    want_out, want_lse = reference(prob)
+    dp = DeviceProblem(prob, out_dtype)
+    steps, ws, slots = resolve_kernel("flash-sm90").steps(dp)
+    (expr,) = steps[0][0].compiled.lowered
+    assert ", 2, 0>" in expr and len(steps) == 2 and slots > 1, (expr, len(steps))
+    assert all(e.startswith("kdtr_flash_combine_jobs<") for e in steps[1][0].compiled.lowered)
+    go = make_launcher(dp, steps, ws, slots)
+    dp.poison()
+    go()
+    out, lse = (a.copy() for a in dp.download())
+    go()
+    assert all(np.array_equal(x, y) for x, y in zip((out, lse), dp.download()))
+    assert not compare(out, want_out, default(spec.kv_dtype, out_dtype, "out")).status.failed
+    assert not compare(lse, want_lse, default(spec.kv_dtype, out_dtype, "lse"), "lse").status.failed
+
+
+@pytest.mark.parametrize("bug", PLANTED, ids=lambda b: b.slug)
+def test_flash_sm90_segments_carry_every_planted_bug(bug: Bug, monkeypatch):
+    """Each planted bug fails through the work table too (pieces of <= 5 tiles, so cut jobs merge):
+    the segments build runs the same operator, and the merge bug reaches kdtr_flash_combine_jobs."""
+    from kdtr.cases import CaseSpec, build_problem
+    from kdtr.compare import compare
+    from kdtr.reference import reference
+    from kdtr.tolerances import default
+
+    if device_arch() != "sm_90":
+        pytest.skip("flash-sm90 needs an sm_90 GPU")
+    monkeypatch.setenv("KDTR_FLASH_SEGMENTS", "5")
+    spec = CaseSpec(model="deepseek-v3", heads=16, prefix_lens=(700, 1), family="ddtree", budget=16, page_size=64)
+    prob, _ = build_problem(spec)
+    want, tol = reference(prob)[0], default(spec.kv_dtype, spec.out_dtype, "out")
+    assert not compare(resolve_kernel("flash-sm90").run(prob, spec.out_dtype).out, want, tol).status.failed
+    buggy = resolve_kernel(variant_name("flash-sm90", bug)).run(prob, spec.out_dtype).out
+    assert compare(buggy, want, tol).status.failed, f"{bug.slug} passed through the segments"
+
+
+def test_flash_sm90_passes_ci_through_segments(ci_paths, monkeypatch):
+    """Every ci case through the work table wherever it is allowed (KDTR_FLASH_SEGMENTS=1: the model's
+    best cut even without a gain; decode plans that merge in-kernel or take transposed rows keep
+    theirs), bit-identical over three launches."""
+    if device_arch() != "sm_90":
+        pytest.skip("flash-sm90 needs an sm_90 GPU")
+    monkeypatch.setenv("KDTR_FLASH_SEGMENTS", "1")
     rep = run_verify(resolve_kernel("flash-sm90"), ci_paths, repeat=3)
     assert not rep.failed, _describe(rep)
     assert sum(r.status is Status.PASS for r in rep.results) >= 10

@@ -141,9 +141,11 @@ def test_compile_targets_cover_every_variant():
         assert f"kdtr_naive_verify<__nv_bfloat16, float, {int(bug)}>" in names
     by_file = {s.name: (n, a) for s, n, a in rest}
     assert by_file["flash_verify.cu"][1] == ("sm_80", "sm_90", "sm_120") and by_file["flash_sm90.cu"][1] == ("sm_90a",)
-    # bug x out dtype x (merge 0/1 without transposed rows, transposed rows without merge), + 2 x 2 combines
-    assert len(by_file["flash_sm90.cu"][0]) == 2 * 3 * len(Bug) + 4
+    # bug x out dtype x (merge 0/1/2 without transposed rows, transposed rows without merge), + 2 x 3 combines
+    assert len(by_file["flash_sm90.cu"][0]) == 2 * 4 * len(Bug) + 6
     assert "kdtr_flash90_verify<__nv_bfloat16, 0, 0, 8>" in by_file["flash_sm90.cu"][0]
+    assert "kdtr_flash90_verify<float, 6, 2, 0>" in by_file["flash_sm90.cu"][0]  # segments
+    assert "kdtr_flash_combine_jobs<__nv_bfloat16, 64>" in by_file["flash_sm90.cu"][0]
     assert len(by_file["flash_verify.cu"][0]) == 3 * 2 * len(Bug) + 4
 
 
