@@ -223,18 +223,20 @@ for mode in "${@:-check}"; do
         grep -v Warn "$LOGS/ab_xr$x.log" | tail -n 48 >>"$SUMMARY"
       done
       ;;
-    seg)  # flash-sm90's segments (work table, kdtr/schedule.py): ci planned and forced, every flash test, the
-          # forced-path sanitizer tests, then timings with segments off and as planned, on one machine
+    seg)  # flash-sm90's segments (work table, kdtr/schedule.py): ci planned and forced, every flash test, ci and the
+          # forced paths under the sanitizers, then timings with segments off and as planned, on one machine
       ci_verify flash-sm90
       KDTR_FLASH_SEGMENTS=1 stage verify_seg1_ci timeout 90 $KDTR verify -k flash-sm90 ci --repeat 3 --json "$LOGS/verify_seg1_ci.json"
       tail -n 1 "$LOGS/verify_seg1_ci.log" >>"$SUMMARY"
       flash_tests
+      sanitize_ci flash-sm90
       stage pytest_san_forced timeout 240 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_isolation.py -k forced_paths
       tail -n 3 "$LOGS/pytest_san_forced.log" >>"$SUMMARY"
       old_tree_timings segments
-      for x in 0 ""; do
-        KDTR_FLASH_SEGMENTS=$x stage ab_seg$x timeout 150 python3 scripts/sm90_ablate.py segments seg$x=
-        grep -v Warn "$LOGS/ab_seg$x.log" | tail -n 48 >>"$SUMMARY"
+      for envs in "KDTR_FLASH_SEGMENTS=0" ""; do
+        label=$(echo "${envs:-planned}" | sed 's/KDTR_FLASH_//g; s/ /,/g; s/=/-/g')
+        stage ab_$label env $envs timeout 150 python3 scripts/sm90_ablate.py segments $label=
+        grep -v Warn "$LOGS/ab_$label.log" | tail -n 48 >>"$SUMMARY"
       done
       ;;
     knobs)  # experiment builds of flash-sm90: ci first (a wrong build's timings do not count), then profile and timings

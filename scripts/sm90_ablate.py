@@ -36,7 +36,8 @@ SHAPES = {
     "decode": bench.grid(["kimi-k2"], [8], [0, 4, 8], [32768, 131072], [1]),
     "recheck": (bench.grid(["deepseek-v3"], [8], [64], [131072], [8]) + bench.grid(["deepseek-v3"], [8], [64], [32768], [1])
                 + bench.grid(["kimi-k2"], [8], [0, 4], [32768], [1])),
-    "segments": (bench.grid(["deepseek-v3"], [8], [64], [8192, 32768, 131072], [1, 8]) + bench.grid(["deepseek-v3"], [8], [256], [8192], [8])
+    "segments": (bench.grid(["deepseek-v3"], [8], [64], [8192, 32768, 131072], [1, 8]) + bench.grid(["deepseek-v3"], [8], [256], [8192], [1, 8])
+                 + bench.grid(["deepseek-v3"], [8], [256], [32768], [1])
                  + bench.grid(["deepseek-v3"], [8], [512], [8192], [8]) + bench.grid(["kimi-k2"], [8], [0], [32768], [32])),
     "xrmodel": bench.grid(["kimi-k2"], [8], [8], [131072], [4, 8]) + bench.grid(["kimi-k2"], [8], [8], [32768], [16]),
     "xr": (bench.grid(["kimi-k2"], [8], [8], [32768, 131072], [1, 32]) + bench.grid(["kimi-k2"], [8], [8], [32768], [4, 8]) + bench.grid(["kimi-k2"], [8], [0], [32768], [1, 32])

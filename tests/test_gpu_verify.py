@@ -68,12 +68,19 @@ def test_builtin_kernel_passes_long(name):
     assert not rep.failed, _describe(rep)
 
 
-@pytest.mark.parametrize("merge", ["1", "0"])
-def test_flash_sm90_both_merges_are_exact_relaunchable_and_catch_the_merge_bug(merge, monkeypatch):
+MERGE_CASES = {  # KDTR_FLASH_MERGE, model, heads, budget, prefix lengths, the main kernel's {merge}, splits at least
+    "decode-in-kernel": ("1", "kimi-k2", 8, 0, (6000, 2500), 1, 32),
+    "decode-combine": ("0", "kimi-k2", 8, 0, (6000, 2500), 0, 32),
+    "many-rows-combine": ("1", "deepseek-v3", 16, 64, (3000, 1700), 0, 2),  # 2 x 17 row tiles: no in-kernel merge
+}
+
+
+@pytest.mark.parametrize("case", sorted(MERGE_CASES))
+def test_flash_sm90_merges_are_exact_relaunchable_and_catch_the_merge_bug(case, monkeypatch):
     """flash-sm90 merges its splits in the main kernel on one-wave decode grids (counters in the
-    workspace) or through the combine launch: both match the reference on a two-request decode,
-    a launcher run four times gives the bits of one run and leaves the counters at zero, and the
-    planted merge bug fails on both paths (ci's shapes mostly take the combine launch)."""
+    workspace) or through the combine launch: each matches the reference, a launcher run four times
+    gives the bits of one run and leaves the counters at zero, and the planted merge bug fails on
+    every path."""
     import numpy as np
 
     from kdtr.cases import CaseSpec, build_problem
@@ -84,13 +91,17 @@ def test_flash_sm90_both_merges_are_exact_relaunchable_and_catch_the_merge_bug(m
 
     if device_arch() != "sm_90":
         pytest.skip("flash-sm90 needs an sm_90 GPU")
+    merge, model, heads, budget, prefix, main_merge, min_splits = MERGE_CASES[case]
     monkeypatch.setenv("KDTR_FLASH_MERGE", merge)
-    spec = CaseSpec(model="kimi-k2", heads=8, prefix_lens=(6000, 2500), family="root", budget=0, page_size=64)
+    monkeypatch.setenv("KDTR_FLASH_SEGMENTS", "0")  # the uniform grid whose merge is under test
+    spec = CaseSpec(model=model, heads=heads, prefix_lens=prefix, family="ddtree" if budget else "root",
+                    budget=budget, page_size=64)
     prob, _ = build_problem(spec)
     want, tol = reference(prob)[0], default(spec.kv_dtype, spec.out_dtype, "out")
     dp = DeviceProblem(prob, spec.out_dtype)
     steps, ws, splits = resolve_kernel("flash-sm90").steps(dp)
-    assert splits >= 32 and len(steps) == (1 if merge == "1" else 2)
+    (expr,) = steps[0][0].compiled.lowered
+    assert splits >= min_splits and len(steps) == (1 if main_merge else 2) and f", {main_merge}, 0>" in expr, expr
     go = make_launcher(dp, steps, ws, splits)
     go()
     once = dp.download()[0].copy()
