@@ -15,7 +15,7 @@ the segments are taken only where they beat the uniform plan by MIN_GAIN.
 L2: the row tiles of a request read the same KV. Cut at the same key boundaries and dispatched side
 by side, they stream it from HBM once; cut at drifting boundaries (stream-K proper), each reads it
 on its own, which the model does not price: measured, DeepSeek T65 P128k B1 went 630 ->
-686 us that way (151 MB of KV per request, 50 MB of L2). So drifting cuts are tried only where the
+686 us that way (151 MB of KV per request, 60 MB of L2). So drifting cuts are tried only where the
 KV of the requests they cut fits in L2; aligned cuts (a key range per request, run by all its row
 tiles) everywhere.
 """

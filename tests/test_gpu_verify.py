@@ -234,6 +234,23 @@ def test_both_combine_kernels_merge_exactly_and_catch_the_merge_bug(name, combin
     assert compare(buggy.out, want, tol).status.failed
 
 
+def relaunch_matches(dp, go, want, kv_dtype: str, out_dtype: str) -> None:
+    """Launch ``go`` on poisoned outputs, then again: the same bits twice, and out and lse within the
+    calibrated tolerances of the reference ``want`` = (out, lse)."""
+    import numpy as np
+
+    from kdtr.compare import compare
+    from kdtr.tolerances import default
+
+    dp.poison()
+    go()
+    out, lse = (a.copy() for a in dp.download())
+    go()
+    assert all(np.array_equal(x, y) for x, y in zip((out, lse), dp.download()))
+    assert not compare(out, want[0], default(kv_dtype, out_dtype, "out")).status.failed
+    assert not compare(lse, want[1], default(kv_dtype, out_dtype, "lse"), "lse").status.failed
+
+
 XR_CASES = {  # (heads, budget, prefix lengths, page size, tree family, out dtype, forced splits)
     "kimi-t9-split": (8, 8, (3000, 77), 64, "ddtree", "bf16", None),  # 72 rows: one CTA per split + combine
     "136-rows-page1": (8, 16, (500,), 1, "ddtree", "fp32", None),     # the second of two tiles takes 8
@@ -247,13 +264,9 @@ def test_flash_sm90_transposed_rows_match_the_reference(case, monkeypatch):
     """Requests of 64 k + 1..8 rows run their last rows as transposed products inside the last row
     tile (kdtr.flash.extra_row_tiles): the plan takes the XR build with one CTA fewer per split,
     out and lse match the reference in every row, and a relaunch gives the same bits."""
-    import numpy as np
-
     from kdtr.cases import CaseSpec, build_problem
-    from kdtr.compare import compare
     from kdtr.launch import DeviceProblem, make_launcher
     from kdtr.reference import reference
-    from kdtr.tolerances import default
 
     if device_arch() != "sm_90":
         pytest.skip("flash-sm90 needs an sm_90 GPU")
@@ -270,14 +283,7 @@ def test_flash_sm90_transposed_rows_match_the_reference(case, monkeypatch):
     (expr,) = steps[0][0].compiled.lowered
     R = prob.T * prob.H
     assert expr.endswith(", 8>") and steps[0][1][0] == R // 64, (expr, steps[0][1])
-    go = make_launcher(dp, steps, ws, n_splits)
-    dp.poison()
-    go()
-    out, lse = (a.copy() for a in dp.download())
-    go()
-    assert all(np.array_equal(x, y) for x, y in zip((out, lse), dp.download()))
-    assert not compare(out, want_out, default(spec.kv_dtype, out_dtype, "out")).status.failed
-    assert not compare(lse, want_lse, default(spec.kv_dtype, out_dtype, "lse"), "lse").status.failed
+    relaunch_matches(dp, make_launcher(dp, steps, ws, n_splits), (want_out, want_lse), spec.kv_dtype, out_dtype)
 
 
 @pytest.mark.parametrize("bug", PLANTED, ids=lambda b: b.slug)
@@ -329,13 +335,9 @@ def test_flash_sm90_segments_match_the_reference(case, monkeypatch):
     mixed prefix lengths, pages of 64 and 1, longest first; cut jobs merged by
     kdtr_flash_combine_jobs, whole ones written directly. out and lse match the reference and a
     relaunch gives the same bits."""
-    import numpy as np
-
     from kdtr.cases import CaseSpec, build_problem
-    from kdtr.compare import compare
     from kdtr.launch import DeviceProblem, make_launcher
     from kdtr.reference import reference
-    from kdtr.tolerances import default
 
     if device_arch() != "sm_90":
         pytest.skip("flash-sm90 needs an sm_90 GPU")
@@ -350,14 +352,7 @@ def test_flash_sm90_segments_match_the_reference(case, monkeypatch):
     (expr,) = steps[0][0].compiled.lowered
     assert ", 2, 0>" in expr and len(steps) == 2 and slots > 1, (expr, len(steps))
     assert all(e.startswith("kdtr_flash_combine_jobs<") for e in steps[1][0].compiled.lowered)
-    go = make_launcher(dp, steps, ws, slots)
-    dp.poison()
-    go()
-    out, lse = (a.copy() for a in dp.download())
-    go()
-    assert all(np.array_equal(x, y) for x, y in zip((out, lse), dp.download()))
-    assert not compare(out, want_out, default(spec.kv_dtype, out_dtype, "out")).status.failed
-    assert not compare(lse, want_lse, default(spec.kv_dtype, out_dtype, "lse"), "lse").status.failed
+    relaunch_matches(dp, make_launcher(dp, steps, ws, slots), (want_out, want_lse), spec.kv_dtype, out_dtype)
 
 
 @pytest.mark.parametrize("bug", PLANTED, ids=lambda b: b.slug)
