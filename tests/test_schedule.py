@@ -170,3 +170,15 @@ def test_the_merge_bug_keeps_a_cut_job_or_the_uniform_plan():
     assert whole is None  # every job fits one 40-tile piece: nothing to merge
     forced = choose_segments(np.array((700,) * 8), T, H, pl, SMS, BN, SM90.tile_ns, bug=Bug.MERGE_WRONG_MAX, force="3")
     assert forced is not None and forced.split_jobs()
+
+
+def test_table_rows_are_as_wide_as_the_kernels_read_them():
+    """WORK_INTS / JOB_INTS of cuda/flash_split.cuh equal the field lists written here (the launcher
+    also checks the compiled module's config at run time)."""
+    import re
+
+    from kdtr.nvrtc import CUDA_DIR
+
+    text = (CUDA_DIR / "flash_split.cuh").read_text()
+    ints = {k: int(v) for k, v in re.findall(r"constexpr int (WORK_INTS|JOB_INTS) = (\d+);", text)}
+    assert ints == {"WORK_INTS": len(schedule.WORK_FIELDS), "JOB_INTS": len(schedule.JOB_FIELDS)}
