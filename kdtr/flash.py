@@ -247,6 +247,8 @@ def choose_segments(P, T: int, H: int, pl: FlashPlan, slots: int, bn: int, tile_
     lengths; l2_bytes: the device's L2, which drifting cuts need the KV they cut to fit in."""
     from kdtr import schedule
 
+    if force not in ("", "0", "1") and not (force.isdigit() and int(force) >= 2):
+        raise ValueError(f"KDTR_FLASH_SEGMENTS={force!r}: use 0 (never), 1 (wherever allowed) or N >= 2 (cut every N tiles)")
     if force == "0" or not tile_ns or pl.merge or pl.xr or (not force and (T * H < SEGMENT_ROWS or forced_splits)):
         return None
     rows_per_tile = 16 * pl.mt
@@ -321,21 +323,7 @@ class FlashKernel:
         seg = choose_segments(pr.prefix_lens, pr.T, pr.H, pl, info["sm_count"] * per_sm, cfg["BN"], v.tile_ns,
                               self.bug, os.environ.get("KDTR_FLASH_SEGMENTS", ""), info["l2_bytes"], bool(forced_splits))
         if seg is not None:
-            from kdtr.schedule import JOB_FIELDS, WORK_FIELDS
-
-            if (cfg["WORK_INTS"], cfg["JOB_INTS"]) != (len(WORK_FIELDS), len(JOB_FIELDS)):
-                raise RuntimeError(f"{v.source.name}: work/job rows of {cfg['WORK_INTS']}/{cfg['JOB_INTS']} ints, "
-                                   f"kdtr/schedule.py writes {len(WORK_FIELDS)}/{len(JOB_FIELDS)}")
-            rows = 16 * mt
-            main = self._load(v.main.format(mt=mt, out=out_t, bug=self.bug, merge=2, xr=0))
-            work, jobs = seg.tables(pr.prefix_lens, cfg["BN"], rows)
-            steps = [(main, (len(work), 1, 1), (threads, 1, 1), smem,
-                      (*self._tensor_map_args(dp, cfg), device_ints(work)))]
-            if len(jobs):
-                warps = cfg["COMBINE_THREADS"] // 32
-                steps.append((self._load(COMBINE_JOBS.format(out=out_t, rows=rows)), (-(-rows // warps), len(jobs), 1),
-                              (cfg["COMBINE_THREADS"], 1, 1), 0, (device_ints(jobs),)))
-            return steps, seg.workspace_bytes(rows), max(1, seg.slots)
+            return self._segment_steps(dp, seg, mt, out_t, cfg)
         no_work = (device_ints(np.zeros(0, np.int32)),) if v.tile_ns else ()
         steps = [(main, pl.grid, (threads, 1, 1), smem, (*self._tensor_map_args(dp, cfg), *no_work))]
         if pl.splits > 1 and not pl.merge:
@@ -343,6 +331,26 @@ class FlashKernel:
                                         os.environ.get("KDTR_FLASH_COMBINE", ""))
             steps.append((self._load(name.format(out=out_t)), grid, (cfg["COMBINE_THREADS"], 1, 1), 0))
         return steps, pl.workspace_bytes(pr.T, pr.H), pl.splits
+
+    def _segment_steps(self, dp, seg, mt: int, out_t: str, cfg: dict):
+        """steps() for segments: the MERGE = 2 main kernel over the work table (one CTA a piece), then
+        kdtr_flash_combine_jobs over the cut jobs if any; num_splits carries the partial slots."""
+        from kdtr.launch import device_ints
+        from kdtr.schedule import JOB_FIELDS, WORK_FIELDS
+
+        v, rows = self.variant, 16 * mt
+        if (cfg["WORK_INTS"], cfg["JOB_INTS"]) != (len(WORK_FIELDS), len(JOB_FIELDS)):
+            raise RuntimeError(f"{v.source.name}: work/job rows of {cfg['WORK_INTS']}/{cfg['JOB_INTS']} ints, "
+                               f"kdtr/schedule.py writes {len(WORK_FIELDS)}/{len(JOB_FIELDS)}")
+        main = self._load(v.main.format(mt=mt, out=out_t, bug=self.bug, merge=2, xr=0))
+        work, jobs = seg.tables(dp.problem.prefix_lens, cfg["BN"], rows)
+        steps = [(main, (len(work), 1, 1), (cfg[f"THREADS_MT{mt}"], 1, 1), cfg[f"SMEM_MT{mt}"],
+                  (*self._tensor_map_args(dp, cfg), device_ints(work)))]
+        if len(jobs):
+            warps = cfg["COMBINE_THREADS"] // 32
+            steps.append((self._load(COMBINE_JOBS.format(out=out_t, rows=rows)), (-(-rows // warps), len(jobs), 1),
+                          (cfg["COMBINE_THREADS"], 1, 1), 0, (device_ints(jobs),)))
+        return steps, seg.workspace_bytes(rows), max(1, seg.slots)
 
     def _tensor_map_args(self, dp, cfg) -> tuple:
         """The main kernel's arguments after KdtrParams: the cache's tensor map where it takes one.

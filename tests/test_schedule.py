@@ -182,3 +182,9 @@ def test_table_rows_are_as_wide_as_the_kernels_read_them():
     text = (CUDA_DIR / "flash_split.cuh").read_text()
     ints = {k: int(v) for k, v in re.findall(r"constexpr int (WORK_INTS|JOB_INTS) = (\d+);", text)}
     assert ints == {"WORK_INTS": len(schedule.WORK_FIELDS), "JOB_INTS": len(schedule.JOB_FIELDS)}
+
+
+def test_a_bad_segments_knob_says_what_it_takes():
+    T, H, P = SHAPES["t17-short"]
+    with pytest.raises(ValueError, match="KDTR_FLASH_SEGMENTS='x'.*0 \\(never\\)"):
+        choose_segments(np.array(P), T, H, sm90_plan(T, H, P), SMS, BN, SM90.tile_ns, force="x")
