@@ -233,9 +233,6 @@ __device__ __forceinline__ void merge_in_kernel(const KdtrParams& p, int b, int 
   }
 }
 
-}  // namespace kdtr
-
-namespace kdtr {
 
 // One warp merges one output row from S partial rows: partial s's lse at ws_lse[prow(s)], its row
 // at ws_o + prow(s) * 512. Lane s holds slot s's lse (32 at a time), every lane reads its 16 columns
@@ -303,9 +300,9 @@ __global__ void __launch_bounds__(32 * COMBINE_WARPS) kdtr_flash_combine_rows(co
   if (row >= R) return;
   const float* ws_o = static_cast<const float*>(p.workspace);
   kdtr::merge_row_warp<OutT, false>(ws_o, ws_o + (long long)p.B * S * R * KDTR_DV,
-                             [&](int s) { return ((long long)b * S + s) * R + row; }, S,
-                             static_cast<OutT*>(p.out) + ((long long)b * R + row) * KDTR_DV,
-                             p.lse + (long long)b * R + row, threadIdx.x & 31);
+                                    [&](int s) { return ((long long)b * S + s) * R + row; }, S,
+                                    static_cast<OutT*>(p.out) + ((long long)b * R + row) * KDTR_DV,
+                                    p.lse + (long long)b * R + row, threadIdx.x & 31);
 }
 
 // Segments: the cut jobs' merge, one warp per row, grid (ROWS / COMBINE_WARPS, cut jobs); job row
@@ -319,9 +316,9 @@ __global__ void __launch_bounds__(32 * COMBINE_WARPS) kdtr_flash_combine_jobs(co
   if (rl >= ROWS || row >= R) return;
   const float* ws_o = static_cast<const float*>(p.workspace);
   kdtr::merge_row_warp<OutT, true>(ws_o, ws_o + (long long)p.num_splits * ROWS * KDTR_DV,
-                             [&](int s) { return (long long)(slot0 + s) * ROWS + rl; }, S,
-                             static_cast<OutT*>(p.out) + ((long long)b * R + row) * KDTR_DV,
-                             p.lse + (long long)b * R + row, threadIdx.x & 31);
+                                   [&](int s) { return (long long)(slot0 + s) * ROWS + rl; }, S,
+                                   static_cast<OutT*>(p.out) + ((long long)b * R + row) * KDTR_DV,
+                                   p.lse + (long long)b * R + row, threadIdx.x & 31);
 }
 
 // One CTA per (row, request, column chunk): kdtr::merge_row over the chunk's columns. Decode

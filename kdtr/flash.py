@@ -358,7 +358,6 @@ class FlashKernel:
         if not self.variant.kv_tensor_map:
             return ()
         from kdtr import tma
-        from kdtr.presets import DK
 
         pages, page_size = dp.problem.kv_cache.shape[0], dp.problem.page_size
         spec = tma.kv_map_spec(pages, page_size, DK, cfg["TMA_BOX_COLS"], cfg["BN"], cfg["TMA_BOX_SLABS"])

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -60,6 +61,11 @@ class Job:
     tail: int
     """Tree-tail tiles, walked whole by the job's last piece: ceil(T / bn)."""
 
+    @property
+    def work(self) -> int:
+        """Tiles the whole job walks."""
+        return self.pre + self.tail
+
 
 @dataclass(frozen=True)
 class Piece:
@@ -88,16 +94,19 @@ class Schedule:
     label: str
     """Which cut made it (for logs and docs/PERF.md)."""
 
+    @cached_property
+    def counts(self) -> np.ndarray:
+        """[jobs] pieces of each job."""
+        return pieces_per_job(len(self.jobs), self.pieces)
+
     def split_jobs(self) -> list[int]:
         """Jobs cut into more than one piece, in job order: the combine's jobs."""
-        counts = np.bincount([p.job for p in self.pieces], minlength=len(self.jobs))
-        return [j for j in range(len(self.jobs)) if counts[j] > 1]
+        return [int(j) for j in np.flatnonzero(self.counts > 1)]
 
     @property
     def slots(self) -> int:
         """Partial slots: one per piece of a cut job."""
-        counts = np.bincount([p.job for p in self.pieces], minlength=len(self.jobs))
-        return int(counts[counts > 1].sum())
+        return int(self.counts[self.counts > 1].sum())
 
     def tables(self, P: np.ndarray, bn: int, rows_per_tile: int) -> tuple[np.ndarray, np.ndarray]:
         """(work [pieces, WORK_FIELDS], jobs [cut jobs, JOB_FIELDS]) as int32; P: [B] prefix lengths.
@@ -131,7 +140,13 @@ def jobs_of(P: np.ndarray, T: int, row_tiles: int, bn: int) -> tuple[Job, ...]:
 
 
 def tiles(job: Job, piece: Piece) -> int:
+    """Tiles one piece walks."""
     return piece.hi - piece.lo + (job.tail if piece.tail else 0)
+
+
+def pieces_per_job(n_jobs: int, pieces) -> np.ndarray:
+    """[n_jobs] how many pieces each job is cut into."""
+    return np.bincount([p.job for p in pieces], minlength=n_jobs)
 
 
 def finish_tiles(jobs, pieces, slots: int, fixed_tiles: float) -> float:
@@ -148,9 +163,9 @@ def finish_tiles(jobs, pieces, slots: int, fixed_tiles: float) -> float:
 
 def combine_ns(jobs, pieces, rows: int, rows_per_tile: int, bytes_per_ns: float, launch_ns: float) -> float:
     """Model: the cut jobs' fp32 partial rows written and read once, plus the combine launch."""
-    counts = np.bincount([p.job for p in pieces], minlength=len(jobs))
-    cut = [j for j in range(len(jobs)) if counts[j] > 1]
-    if not cut:
+    counts = pieces_per_job(len(jobs), pieces)
+    cut = np.flatnonzero(counts > 1)
+    if not len(cut):
         return 0.0
     part_rows = sum(int(counts[j]) * min(rows_per_tile, rows - jobs[j].rt * rows_per_tile) for j in cut)
     return part_rows * DV * 4 * 2 / bytes_per_ns + launch_ns
@@ -175,7 +190,7 @@ def split_pieces(jobs, splits_of: dict[int, int], order=None) -> list[Piece]:
         for s in range(splits):
             for j in mine:
                 job = jobs[j]
-                length = max(1, -(-(job.pre + job.tail) // splits))
+                length = max(1, -(-job.work // splits))
                 lo = min(job.pre, s * length)
                 hi = job.pre if s == splits - 1 else min(job.pre, lo + length)
                 if hi > lo or s == splits - 1:
@@ -189,7 +204,7 @@ def cut_stream(jobs, order, interval: float) -> list[Piece]:
     out, pos = [], 0.0
     for j in order:
         job = jobs[j]
-        n = job.pre + job.tail
+        n = job.work
         next_cut = (int(pos // interval) + 1) * interval
         lo = 0
         while next_cut < pos + n:
@@ -214,7 +229,7 @@ def aligned(jobs, order, pieces_target: float) -> list[Piece]:
     work: dict[int, int] = {}
     rows: dict[int, int] = {}
     for j in order:
-        work[jobs[j].b] = work.get(jobs[j].b, 0) + jobs[j].pre + jobs[j].tail
+        work[jobs[j].b] = work.get(jobs[j].b, 0) + jobs[j].work
         rows[jobs[j].b] = rows.get(jobs[j].b, 0) + 1
     total = sum(work.values())
     splits = {b: max(1, min(MAX_PIECES, work[b] // rows[b], round(pieces_target * work[b] / total / rows[b])))
@@ -227,15 +242,15 @@ def candidates(jobs, slots: int, fits_l2):
     CTAs; where there are more jobs than SMs, whole jobs for the first multiple of the SM count (they
     write out directly) and the rest aligned. Drifting (stream-K intervals)
     only where fits_l2(requests) says the KV of the requests they cut fits in L2."""
-    total = sum(j.pre + j.tail for j in jobs)
-    by_size = sorted(range(len(jobs)), key=lambda j: (-(jobs[j].pre + jobs[j].tail), j))
+    total = sum(j.work for j in jobs)
+    by_size = sorted(range(len(jobs)), key=lambda j: (-jobs[j].work, j))
     for waves in range(1, 5):
         yield f"aligned/{waves}", aligned(jobs, range(len(jobs)), slots * waves)
         interval = total / (slots * waves)
         if interval >= 1 and fits_l2({j.b for j in jobs}):
             yield f"stream-k/{waves}", cut_stream(jobs, range(len(jobs)), interval)
     whole = len(jobs) // slots * slots
-    if whole and whole < len(jobs) and max(j.pre + j.tail for j in jobs) <= WHOLE_MAX_TILES:
+    if whole and whole < len(jobs) and max(j.work for j in jobs) <= WHOLE_MAX_TILES:
         head = [Piece(j, 0, jobs[j].pre, True) for j in by_size[:whole]]
         rest = sorted(by_size[whole:])
         for waves in range(1, 4):
@@ -252,7 +267,6 @@ def best(jobs, rows: int, rows_per_tile: int, slots: int, uniform_splits: int, m
     def fits_l2(requests) -> bool:
         return kv_bytes is not None and sum(int(kv_bytes[b]) for b in requests) <= l2_bytes
 
-
     def priced(label, pieces) -> Schedule:
         end = finish_tiles(jobs, pieces, slots, model["fixed_tiles"]) * model["ns_per_tile"]
         comb = combine_ns(jobs, pieces, rows, rows_per_tile, model["bytes_per_ns"], model["launch_ns"])
@@ -264,8 +278,7 @@ def best(jobs, rows: int, rows_per_tile: int, slots: int, uniform_splits: int, m
                                longest_first(jobs, cut_stream(jobs, range(len(jobs)), forced_interval)))
     found = None
     for label, pieces in candidates(jobs, slots, fits_l2):
-        counts = np.bincount([p.job for p in pieces], minlength=len(jobs))
-        if counts.max() > MAX_PIECES:
+        if pieces_per_job(len(jobs), pieces).max() > MAX_PIECES:
             continue
         s = priced(label, longest_first(jobs, pieces))
         if found is None or s.cost_ns < found.cost_ns:

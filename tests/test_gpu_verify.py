@@ -251,6 +251,23 @@ def relaunch_matches(dp, go, want, kv_dtype: str, out_dtype: str) -> None:
     assert not compare(lse, want[1], default(kv_dtype, out_dtype, "lse"), "lse").status.failed
 
 
+def sm90_bug_shows(spec, bug: Bug, nodes=slice(None)) -> None:
+    """flash-sm90 on ``spec``'s problem matches the reference over tree nodes ``nodes`` and its
+    planted-``bug`` variant does not (out, calibrated tolerance)."""
+    from kdtr.cases import build_problem
+    from kdtr.compare import compare
+    from kdtr.reference import reference
+    from kdtr.tolerances import default
+
+    prob, _ = build_problem(spec)
+    want = reference(prob)[0][:, nodes]  # [B, T, H, 512] over the nodes checked
+    tol = default(spec.kv_dtype, spec.out_dtype, "out")
+    good = resolve_kernel("flash-sm90").run(prob, spec.out_dtype).out[:, nodes]
+    assert not compare(good, want, tol).status.failed
+    buggy = resolve_kernel(variant_name("flash-sm90", bug)).run(prob, spec.out_dtype).out[:, nodes]
+    assert compare(buggy, want, tol).status.failed, f"{bug.slug} left nodes {nodes} right"
+
+
 XR_CASES = {  # (heads, budget, prefix lengths, page size, tree family, out dtype, forced splits)
     "kimi-t9-split": (8, 8, (3000, 77), 64, "ddtree", "bf16", None),  # 72 rows: one CTA per split + combine
     "136-rows-page1": (8, 16, (500,), 1, "ddtree", "fp32", None),     # the second of two tiles takes 8
@@ -292,33 +309,13 @@ def test_flash_sm90_transposed_rows_carry_every_planted_bug(bug: Bug, monkeypatc
     node 8, whose previous node is a sibling): those rows run the same operator, not a copy that
     the 64 wgmma rows would hide. Two requests: P = 700 (pages and tiles for the page and tile
     bugs to hit) and P = 1 (its one prefix key is the one the drop-key bugs lose)."""
-    from kdtr.cases import CaseSpec, build_problem
-    from kdtr.compare import compare
-    from kdtr.reference import reference
-    from kdtr.tolerances import default
+    from kdtr.cases import CaseSpec
 
     if device_arch() != "sm_90":
         pytest.skip("flash-sm90 needs an sm_90 GPU")
     monkeypatch.setenv("KDTR_FLASH_XR", "1")
     spec = CaseSpec(model="kimi-k2", heads=8, prefix_lens=(700, 1), family="star", budget=8, page_size=64)
-    prob, _ = build_problem(spec)
-    want = reference(prob)[0]  # [B, T, H, 512]; rows 64..71 are node 8
-    tol = default(spec.kv_dtype, spec.out_dtype, "out")
-    good = resolve_kernel("flash-sm90").run(prob, spec.out_dtype).out
-    assert not compare(good[:, 8:], want[:, 8:], tol).status.failed
-    buggy = resolve_kernel(variant_name("flash-sm90", bug)).run(prob, spec.out_dtype).out
-    assert compare(buggy[:, 8:], want[:, 8:], tol).status.failed, f"{bug.slug} left the transposed rows right"
-
-
-def test_flash_sm90_passes_ci_with_transposed_rows_wherever_they_apply(ci_paths, monkeypatch):
-    """ci has requests of 65, 68, 130, 257 and 1025 rows: forced on, the transposed rows pass every
-    case bit-identically over three launches, as the plan's own choice does."""
-    if device_arch() != "sm_90":
-        pytest.skip("flash-sm90 needs an sm_90 GPU")
-    monkeypatch.setenv("KDTR_FLASH_XR", "1")
-    rep = run_verify(resolve_kernel("flash-sm90"), ci_paths, repeat=3)
-    assert not rep.failed, _describe(rep)
-    assert sum(r.status is Status.PASS for r in rep.results) >= 10
+    sm90_bug_shows(spec, bug, slice(8, None))  # rows 64..71 are node 8
 
 
 SEGMENT_CASES = {  # (heads, budget, prefix lengths, page size, out dtype, forced cut in tiles)
@@ -359,29 +356,28 @@ def test_flash_sm90_segments_match_the_reference(case, monkeypatch):
 def test_flash_sm90_segments_carry_every_planted_bug(bug: Bug, monkeypatch):
     """Each planted bug fails through the work table too (pieces of <= 5 tiles, so cut jobs merge):
     the segments build runs the same operator, and the merge bug reaches kdtr_flash_combine_jobs."""
-    from kdtr.cases import CaseSpec, build_problem
-    from kdtr.compare import compare
-    from kdtr.reference import reference
-    from kdtr.tolerances import default
+    from kdtr.cases import CaseSpec
 
     if device_arch() != "sm_90":
         pytest.skip("flash-sm90 needs an sm_90 GPU")
     monkeypatch.setenv("KDTR_FLASH_SEGMENTS", "5")
-    spec = CaseSpec(model="deepseek-v3", heads=16, prefix_lens=(700, 1), family="ddtree", budget=16, page_size=64)
-    prob, _ = build_problem(spec)
-    want, tol = reference(prob)[0], default(spec.kv_dtype, spec.out_dtype, "out")
-    assert not compare(resolve_kernel("flash-sm90").run(prob, spec.out_dtype).out, want, tol).status.failed
-    buggy = resolve_kernel(variant_name("flash-sm90", bug)).run(prob, spec.out_dtype).out
-    assert compare(buggy, want, tol).status.failed, f"{bug.slug} passed through the segments"
+    sm90_bug_shows(CaseSpec(model="deepseek-v3", heads=16, prefix_lens=(700, 1), family="ddtree", budget=16,
+                            page_size=64), bug)
 
 
-def test_flash_sm90_passes_ci_through_segments(ci_paths, monkeypatch):
-    """Every ci case through the work table wherever it is allowed (KDTR_FLASH_SEGMENTS=1: the model's
-    best cut even without a gain; decode plans that merge in-kernel or take transposed rows keep
-    theirs), bit-identical over three launches."""
+SM90_FORCED_CI = {"transposed-rows": ("KDTR_FLASH_XR", "1"), "segments": ("KDTR_FLASH_SEGMENTS", "1")}
+"""flash-sm90 paths forced wherever they apply: ci has requests of 65, 68, 130, 257 and 1025 rows
+(transposed rows); segments take the model's best cut even without a gain (decode plans that merge
+in-kernel or take transposed rows keep theirs)."""
+
+
+@pytest.mark.parametrize("path", sorted(SM90_FORCED_CI))
+def test_flash_sm90_passes_ci_with_a_path_forced(path, ci_paths, monkeypatch):
+    """Every ci case passes bit-identically over three launches with the path forced on, as with
+    the plan's own choice."""
     if device_arch() != "sm_90":
         pytest.skip("flash-sm90 needs an sm_90 GPU")
-    monkeypatch.setenv("KDTR_FLASH_SEGMENTS", "1")
+    monkeypatch.setenv(*SM90_FORCED_CI[path])
     rep = run_verify(resolve_kernel("flash-sm90"), ci_paths, repeat=3)
     assert not rep.failed, _describe(rep)
     assert sum(r.status is Status.PASS for r in rep.results) >= 10
