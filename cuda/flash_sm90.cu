@@ -186,7 +186,8 @@ struct __align__(64) KvTensorMap {
 // adds). Slots: producer 0-4, consumers 5-9 (first consumer warpgroup), tiles walked 10, CTAs 11.
 // Without the knob every Laps call compiles to nothing.
 #ifdef KDTR_F90_PROFILE
-extern "C" __device__ unsigned long long kdtr_f90_prof[24] = {};
+extern "C" __device__ unsigned long long kdtr_f90_prof[32] = {};
+extern "C" __device__ unsigned long long kdtr_f90_ends[4096] = {};  // CTA x: its consumers' loop end (globaltimer ns)
 #endif
 namespace f90 {
 constexpr int PROF_PRODUCER = 0, PROF_CONSUMER = 5;
@@ -218,8 +219,13 @@ struct Laps {
 // its first tile, 13 the consumers' from their last tile to the partials written, 14 / 15 the CTA's
 // cycles / globaltimer ns from entry to the consumers' end (their ratio is the SM clock); 16-18 the
 // producer's cycles from entry to: its split known, the tail-tile scan done, Q's registers loaded.
+// Globaltimer ns over the launch: 19-23 the first and last CTA entry, the last exit, the first and last
+// end of a consumers' loop (19 and 22 preset to ~0); 24 the last epilogue; 25 + k the last CTA past
+// merge_in_kernel's step k (ticket, every split in, rows merged, max lse, partials summed).
 struct CtaPhases {
   static constexpr int PROLOGUE = 12, EPILOGUE = 13, CYCLES = 14, NS = 15, SPLIT = 16, SCAN = 17, QREGS = 18;
+  static constexpr int ENTRY_MIN = 19, ENTRY_MAX = 20, EXIT_MAX = 21, LOOP_MIN = 22, LOOP_MAX = 23, EPI_MAX = 24;
+  static constexpr int MERGE_STEP = 25;
 #ifdef KDTR_F90_PROFILE
   long long c0 = 0, n0 = 0, mark = 0;
   __device__ __forceinline__ static long long ns() {
@@ -227,8 +233,23 @@ struct CtaPhases {
     asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(n));
     return n;
   }
-  __device__ __forceinline__ void start() { c0 = clock64(), n0 = ns(); }
-  __device__ __forceinline__ void begin() { mark = clock64(); }
+  __device__ __forceinline__ void start() {
+    c0 = clock64(), n0 = ns();
+    if (threadIdx.x == 0) {
+      atomicMin(&kdtr_f90_prof[ENTRY_MIN], (unsigned long long)n0);
+      atomicMax(&kdtr_f90_prof[ENTRY_MAX], (unsigned long long)n0);
+    }
+  }
+  __device__ __forceinline__ void begin() {
+    mark = clock64();
+    if ((threadIdx.x & 127) == 0) {
+      const unsigned long long n = ns();
+      atomicMin(&kdtr_f90_prof[LOOP_MIN], n);
+      atomicMax(&kdtr_f90_prof[LOOP_MAX], n);
+      const unsigned cta = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+      if (cta < 4096) atomicMax(&kdtr_f90_ends[cta], n);
+    }
+  }
   __device__ __forceinline__ void add(int slot, long long v) const {
     if ((threadIdx.x & 127) == 0) atomicAdd(&kdtr_f90_prof[slot], (unsigned long long)v);
   }
@@ -239,10 +260,18 @@ struct CtaPhases {
     (wait_for((unsigned)landed), ...);
     if (threadIdx.x == 0) atomicAdd(&kdtr_f90_prof[slot], (unsigned long long)(clock64() - c0));
   }
-  __device__ __forceinline__ void epilogue_done() const { add(EPILOGUE, clock64() - mark); }
+  __device__ __forceinline__ void epilogue_done() const {
+    add(EPILOGUE, clock64() - mark);
+    stamp(EPI_MAX);
+  }
+  __device__ __forceinline__ static void stamp(int slot) {  // the latest time any CTA got here
+    if ((threadIdx.x & 127) == 0) atomicMax(&kdtr_f90_prof[slot], (unsigned long long)ns());
+  }
   __device__ __forceinline__ void finish() const {
     add(CYCLES, clock64() - c0);
-    add(NS, ns() - n0);
+    const long long n1 = ns();
+    add(NS, n1 - n0);
+    if ((threadIdx.x & 127) == 0) atomicMax(&kdtr_f90_prof[EXIT_MAX], (unsigned long long)n1);
   }
 #else
   __device__ __forceinline__ void start() {}
@@ -251,6 +280,7 @@ struct CtaPhases {
   template <typename... V>
   __device__ __forceinline__ void reached(int, V...) const {}
   __device__ __forceinline__ void epilogue_done() const {}
+  __device__ __forceinline__ static void stamp(int) {}
   __device__ __forceinline__ void finish() const {}
 #endif
 };
@@ -1016,7 +1046,8 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
       float* red = reinterpret_cast<float*>(smem + Smem::kv);
       kdtr::merge_in_kernel<OutT, COMBINE_WARPS>(p, b, blockIdx.x, r0, r_end - r0, tid - 128, red,
                                                  reinterpret_cast<int*>(red + COMBINE_RED_FLOATS),
-                                                 [] { f90::bar_sync(f90::BAR_CONS, 256); });
+                                                 [] { f90::bar_sync(f90::BAR_CONS, 256); },
+                                                 [](int step) { CtaPhases::stamp(CtaPhases::MERGE_STEP + step); });
     }
     if (c == 0) phases.finish();
   }

@@ -114,61 +114,84 @@ constexpr int COMBINE_WARPS = 8;        // warps of the combine kernel (and of f
 constexpr int COMBINE_MAX_CHUNKS = 4;   // CTAs per row at most: column chunks (grid.z = 1, 2 or 4; kdtr/flash.py picks)
 constexpr int COMBINE_ROWS_MAX_SPLITS = 32;  // kdtr_flash_combine_rows: lane s holds split s's lse
 constexpr int COMBINE_RED_FLOATS = COMBINE_WARPS * 129 + COMBINE_WARPS;  // shared scratch of merge_row
+// Partial rows in flight per warp in kdtr::merge_row. In-kernel merges run on one-wave grids: 8 warps
+// x 17 = 136 >= the splits of a 132-SM grid, all in one step. The combine kernel keeps 8: at 17 its
+// 256 threads needed more than 168 registers on sm_120 (spills).
+constexpr int MERGE_BATCH_IN_KERNEL = 17, MERGE_BATCH_COMBINE = 8;
 
 namespace kdtr {
+
+struct NoMark {  // no timing hook (flash_sm90.cu's -DKDTR_F90_PROFILE passes one)
+  __device__ void operator()(int) const {}
+};
 
 // Merges output row `row` of request b, columns [col0, col0 + cols) (cols: 128, 256 or 512), from
 // the splits' partials: out = sum_s w_s o_s / sum_s w_s with w_s = exp(lse_s - max lse). The
 // NWARPS calling warps (warp, lane) are spread over the 128-column groups and, within a group, over
-// the splits, 8 partial rows in flight per warp; their sums meet in `red` (COMBINE_RED_FLOATS of
+// the splits, BATCH partial rows in flight per warp; their sums meet in `red` (COMBINE_RED_FLOATS of
 // shared memory); `sync` is a barrier of those warps. In-kernel, other CTAs of the grid wrote the
 // partials: merge_in_kernel's acquire and barrier make them visible first. col0 == 0 writes lse.
-template <typename OutT, int NWARPS, typename Sync>
+// `mark` is merge_in_kernel's timing hook (below).
+template <typename OutT, int NWARPS, int BATCH, typename Sync, typename Mark = NoMark>
 __device__ __forceinline__ void merge_row(const KdtrParams& p, int row, int b, int col0, int cols, int warp, int lane,
-                                          float* red, Sync sync) {
+                                          float* red, Sync sync, Mark mark = {}) {
   const int R = p.T * p.H, S = p.num_splits;
   const int groups = cols / 128, group = warp % groups, warps_per_group = NWARPS / groups;
   float* mx = red + NWARPS * 129;  // red: [NWARPS][128 + 1] (+1: the warp's weight sum), then the warp maxima
   const float* ws_o = static_cast<const float*>(p.workspace);
   const float* lse_s = ws_o + (long long)p.B * S * R * KDTR_DV + (long long)b * S * R + row;  // stride R
 
-  float M = neg_inf();
-  for (int s = warp * 32 + lane; s < S; s += 32 * NWARPS) M = fmaxf(M, lse_s[(long long)s * R]);
-  M = warp_max<32>(M);
-  if (lane == 0) mx[warp] = M;
-  sync();
-  M = mx[0];
-#pragma unroll
-  for (int w = 1; w < NWARPS; ++w) M = fmaxf(M, mx[w]);
-
-  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-  float wsum = 0.f;
   const int c4 = (col0 + group * 128) / 4 + lane;  // this lane's float4 of a partial row
-  // 8 splits per step, their lse loads issued together (a bounds check or a `continue` between
-  // them had made two dependent L2 trips of every split: lse, then the row). An index past S
-  // reads split S - 1 again with weight 0; every partial row is written (zeros for a split that
-  // saw no key of the row), and a zero weight adds nothing.
-  constexpr int BATCH = 8;
-  for (int s0 = warp / groups; s0 < S; s0 += BATCH * warps_per_group) {
-    float ls[BATCH];
-    float4 x[BATCH];
+  // BATCH splits per warp and step, all their lse and row loads issued before any is used. An index
+  // past S reads split S - 1 again with weight 0; every partial row is written (zeros for a split
+  // that saw no key of the row), and a zero weight adds nothing. Where one step covers every split
+  // it also gives the lse maximum, without a trip of its own.
+  const int step = BATCH * warps_per_group;
+  float ls[BATCH];
+  float4 x[BATCH];
+  auto load = [&](int s0) {
 #pragma unroll
     for (int k = 0; k < BATCH; ++k) {
       const int sk = min(s0 + k * warps_per_group, S - 1);
       ls[k] = lse_s[(long long)sk * R];
       x[k] = reinterpret_cast<const float4*>(ws_o + (((long long)b * S + sk) * R + row) * KDTR_DV)[c4];
     }
+  };
+  const int first = warp / groups;
+  load(first);
+  float M = neg_inf();
+  if (S <= step) {  // every split is in some warp's first step (past S: split S - 1 again)
+#pragma unroll
+    for (int k = 0; k < BATCH; ++k) M = fmaxf(M, ls[k]);
+  } else {
+    for (int s = warp * 32 + lane; s < S; s += 32 * NWARPS) M = fmaxf(M, lse_s[(long long)s * R]);
+  }
+  M = warp_max<32>(M);
+  if (lane == 0) mx[warp] = M;
+  sync();
+  M = mx[0];
+#pragma unroll
+  for (int w = 1; w < NWARPS; ++w) M = fmaxf(M, mx[w]);
+  mark(3);
+
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+  float wsum = 0.f;
+  for (int s0 = first;;) {
 #pragma unroll
     for (int k = 0; k < BATCH; ++k) {
       const bool live = s0 + k * warps_per_group < S && ls[k] != neg_inf();
-      const float w = live ? exp2f((ls[k] - M) * LOG2E) : 0.f;
+      const float w = exp2f(live ? (ls[k] - M) * LOG2E : neg_inf());  // no branch: 2^-inf = 0
       wsum += w;
-      acc.x += live ? w * x[k].x : 0.f;
-      acc.y += live ? w * x[k].y : 0.f;
-      acc.z += live ? w * x[k].z : 0.f;
-      acc.w += live ? w * x[k].w : 0.f;
+      acc.x += w * x[k].x;  // x is finite (see above), so a weight of 0 adds nothing; a `live ?` here
+      acc.y += w * x[k].y;  // made the compiler sink each load to its use: one L2 trip per split in
+      acc.z += w * x[k].z;  // turn, ~5 us for 129 splits (SASS, docs/PERF.md session 9)
+      acc.w += w * x[k].w;
     }
+    s0 += step;
+    if (s0 >= S) break;
+    load(s0);
   }
+  mark(4);
   float* mine = red + warp * 129;
   mine[4 * lane + 0] = acc.x;
   mine[4 * lane + 1] = acc.y;
@@ -202,9 +225,11 @@ __device__ __forceinline__ void merge_row(const KdtrParams& p, int row, int b, i
 // and freed their SMs, so waiting CTAs never hold the GPU for the whole kernel (first arrivals
 // waiting would; docs/PERF.md, session 5). The last merger to finish zeroes the two counters for
 // the next launch.
-template <typename OutT, int NWARPS, typename Sync>
+// mark(k): the caller's timing hook after step k (0: ticket taken, 1: every split arrived, 2: rows merged;
+// merge_row: 3 max lse known, 4 partials summed)
+template <typename OutT, int NWARPS, typename Sync, typename Mark = NoMark>
 __device__ __forceinline__ void merge_in_kernel(const KdtrParams& p, int b, int rt, int r0, int nrows, int t,
-                                                float* red, int* ticket_s, Sync sync) {
+                                                float* red, int* ticket_s, Sync sync, Mark mark = {}) {
   constexpr int GROUPS = KDTR_DV / 128;  // 128-column units per row
   const int R = p.T * p.H, S = p.num_splits, units = nrows * GROUPS, mergers = min(S, units);
   const int row_tiles = gridDim.x;  // the caller's row tiles
@@ -214,6 +239,7 @@ __device__ __forceinline__ void merge_in_kernel(const KdtrParams& p, int b, int 
   sync();
   if (t == 0) *ticket_s = atomicAdd(ctr, 1u);
   sync();
+  mark(0);
   const int rank = *ticket_s - (S - mergers);
   if (rank < 0) return;  // an early arrival: the last `mergers` CTAs merge
   if (t == 0) {
@@ -225,8 +251,10 @@ __device__ __forceinline__ void merge_in_kernel(const KdtrParams& p, int b, int 
     }
   }
   sync();  // every split's partials are visible from here (their fence, then the acquire above)
+  mark(1);
   for (int u = rank; u < units; u += mergers)
-    merge_row<OutT, NWARPS>(p, r0 + u / GROUPS, b, (u % GROUPS) * 128, 128, t >> 5, t & 31, red, sync);
+    merge_row<OutT, NWARPS, MERGE_BATCH_IN_KERNEL>(p, r0 + u / GROUPS, b, (u % GROUPS) * 128, 128, t >> 5, t & 31, red, sync, mark);
+  mark(2);
   if (t == 0 && atomicAdd(ctr + 1, 1u) == (unsigned)mergers - 1) {
     ctr[0] = 0u;  // every merger is past its wait: the counters start the next launch at zero
     ctr[1] = 0u;
@@ -324,10 +352,12 @@ __global__ void __launch_bounds__(32 * COMBINE_WARPS) kdtr_flash_combine_jobs(co
 // One CTA per (row, request, column chunk): kdtr::merge_row over the chunk's columns. Decode
 // batches (few rows) run 4 chunks so the merge streams on more SMs; large batches one, which keeps
 // the CTA count (and its fixed cost) down (kdtr/flash.py picks). Chunk 0 writes lse.
+// __maxnreg__, not __launch_bounds__(256): under those bounds ptxas gave it 32 registers and issued
+// each split's loads after the previous split's use (docs/PERF.md, session 9; tests/test_compile.py).
 template <typename OutT>
-__global__ void __launch_bounds__(32 * COMBINE_WARPS) kdtr_flash_combine(const KdtrParams p) {
+__global__ void __maxnreg__(128) kdtr_flash_combine(const KdtrParams p) {  // 256 threads (COMBINE_WARPS)
   __shared__ float red[COMBINE_RED_FLOATS];
   const int cols = KDTR_DV / gridDim.z;
-  kdtr::merge_row<OutT, COMBINE_WARPS>(p, blockIdx.x, blockIdx.y, blockIdx.z * cols, cols, threadIdx.x >> 5,
+  kdtr::merge_row<OutT, COMBINE_WARPS, MERGE_BATCH_COMBINE>(p, blockIdx.x, blockIdx.y, blockIdx.z * cols, cols, threadIdx.x >> 5,
                                        threadIdx.x & 31, red, [] { __syncthreads(); });
 }

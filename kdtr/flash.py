@@ -208,16 +208,26 @@ def extra_row_tiles(rows: int, tile: int, extra_rows: int) -> tuple[int, int]:
     return tiles, 0
 
 
+def merge_knob(value: str) -> int:
+    """KDTR_FLASH_MERGE: "" the default (one merge unit per merging split), 0 the combine launch, N
+    up to N units per merging split (experiments: docs/PERF.md, sessions 4 and 9)."""
+    if value == "":
+        return 1
+    if not value.isdigit():
+        raise ValueError(f"KDTR_FLASH_MERGE={value!r}: 0 (the combine launch) or N >= 1 (units per merging split)")
+    return int(value)
+
+
 def plan(B: int, T: int, H: int, prefix_max: int, sm_count: int, bn: int, bug: int = 0, mt: int | None = None,
          ctas_per_sm: int = 1, splits: int | None = None, can_merge: bool = False, extra_rows: int = 0,
-         xr_always: bool = False) -> FlashPlan:
+         xr_always: bool = False, merge_units: int = 1) -> FlashPlan:
     """Launch geometry for KV tiles of ``bn`` keys; ``mt`` / ``splits`` force the row tile / split
     count (experiments).
 
     ``can_merge``: the kernel can merge its splits itself. It does when every CTA is resident at
     once (a merging CTA waits for the other splits of its row tile, which must not be waiting for
-    a slot) and each split merges one unit at most: a second unit in a row made Kimi T9 decode
-    slower than the combine launch (docs/PERF.md, session 4). ``extra_rows``: the kernel's XR_MAX
+    a slot) and each split merges ``merge_units`` units at most: a second unit in a row made Kimi T9
+    decode slower than the combine launch (docs/PERF.md, session 4). ``extra_rows``: the kernel's XR_MAX
     (extra_row_tiles), taken where the cost model says it pays, or wherever it applies with ``xr_always``."""
     rows, slots = T * H, sm_count * ctas_per_sm
     mt = mt or row_tile_m(rows)
@@ -234,7 +244,7 @@ def plan(B: int, T: int, H: int, prefix_max: int, sm_count: int, bn: int, bug: i
         splits = max(2, splits)  # the planted merge bug needs a merge
     units = min(rows, 16 * mt) * MERGE_UNITS_PER_ROW  # of the fullest row tile
     # a tile with transposed rows never merges in-kernel (260+ units; the kernel is not built for it)
-    merge = can_merge and not xr and splits > 1 and units <= splits and row_tiles * splits * B <= slots
+    merge = can_merge and not xr and splits > 1 and units <= merge_units * splits and row_tiles * splits * B <= slots
     return FlashPlan(mt, row_tiles, splits, B, merge, xr)
 
 
@@ -296,7 +306,8 @@ class FlashKernel:
         """([(Loaded, grid, block, smem[, extra args])], workspace_bytes, num_splits): main kernel (+ combine).
 
         KDTR_FLASH_MT=1|2|4 forces the row tile of ``flash``, KDTR_FLASH_SPLITS=N the split count,
-        KDTR_FLASH_MERGE=0 the combine launch instead of flash-sm90's in-kernel merge,
+        KDTR_FLASH_MERGE=0 the combine launch instead of flash-sm90's in-kernel merge (=N: in-kernel
+        wherever each merging split takes at most N units),
         KDTR_FLASH_COMBINE=rows|split which combine kernel, KDTR_FLASH_XR=0|1 transposed rows never /
         wherever they apply (else where the plan's model says), KDTR_FLASH_SEGMENTS=0|1|N the work
         table never / wherever allowed / cut every N tiles (choose_segments; for experiments and
@@ -314,10 +325,11 @@ class FlashKernel:
         regs = next(iter(main.compiled.resources.values())).registers if main.compiled.resources else 255
         per_sm = occupancy(threads, regs, smem, info["regs_per_sm"], info["smem_per_sm"])
         forced_splits = max(0, int(os.environ.get("KDTR_FLASH_SPLITS") or 0))
-        can_merge = v.merges_in_kernel and os.environ.get("KDTR_FLASH_MERGE", "1") != "0"
+        merge_units = merge_knob(os.environ.get("KDTR_FLASH_MERGE", ""))
+        can_merge = v.merges_in_kernel and merge_units > 0
         xr_env = os.environ.get("KDTR_FLASH_XR", "")
         pl = plan(pr.B, pr.T, pr.H, int(pr.prefix_lens.max()), info["sm_count"], cfg["BN"], self.bug, mt, per_sm,
-                  forced_splits or None, can_merge, v.extra_rows if xr_env != "0" else 0, xr_env == "1")
+                  forced_splits or None, can_merge, v.extra_rows if xr_env != "0" else 0, xr_env == "1", max(1, merge_units))
         if pl.merge or pl.xr:
             main = self._load(v.main.format(mt=mt, out=out_t, bug=self.bug, merge=int(pl.merge), xr=pl.xr))
         seg = choose_segments(pr.prefix_lens, pr.T, pr.H, pl, info["sm_count"] * per_sm, cfg["BN"], v.tile_ns,

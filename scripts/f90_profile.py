@@ -6,21 +6,28 @@ scripts/wgmma_probe.py. A timing aid for docs/PERF.md: nothing here is checked.
     python3 scripts/f90_profile.py [default|small] [LABEL=OPTS ...]   (the plain build unless knobs are given)
 
 "small": the compute shapes with few tiles per CTA, "decode": Kimi B1, "xr": Kimi T9 (transposed rows) and T1; the per-CTA lines (prologue
-and its steps, epilogue, whole CTA in cycles and us) say how much lies outside the loop.
+and its steps, epilogue, whole CTA in cycles and us) say how much lies outside the loop; the launch lines
+(globaltimer, one launch timed as `kdtr bench` does) when the last CTA reached each step after it,
+the split merge's included (session 9 found a 5 us merge there).
 """
 import sys
+
+import numpy as np
 
 from kdtr import bench, kernels
 from kdtr.cases import build_problem
 from kdtr.launch import DeviceProblem, _cupy, make_launcher
+from kdtr.timing import _HOLD
 
 cp = _cupy()
+flush = cp.empty((2 * (64 << 20) + (16 << 20)) // 4, cp.int32)
+hold = cp.RawKernel(_HOLD, "kdtr_hold")
 PRODUCER = ("tile wait", "S issue", "S wait+softmax", "P store", "P-full wait")
 CONSUMER = ("P-full wait", "alpha+P V issue", "P V wait", "both-consumer bar", "refill+commit")
 SETS = {
     "default": (bench.grid(["deepseek-v3"], [8], [256], [32768], [1]) + bench.grid(["deepseek-v3"], [8], [64], [8192], [1])
                 + bench.grid(["kimi-k2"], [8], [0], [32768], [32, 1]) + bench.grid(["kimi-k2"], [8], [8], [32768], [32])),
-    "decode": bench.grid(["kimi-k2"], [8], [0, 4, 8], [32768], [1]),
+    "decode": bench.grid(["kimi-k2"], [8], [0, 4, 8], [32768, 131072], [1]),
     "xr": bench.grid(["kimi-k2"], [8], [8], [32768], [32, 1]) + bench.grid(["kimi-k2"], [8], [0], [32768], [32]),
     "small": (bench.grid(["deepseek-v3"], [8], [64], [8192], [1, 8]) + bench.grid(["deepseek-v3"], [8], [64], [32768], [1])
               + bench.grid(["deepseek-v3"], [8], [256], [8192], [1]) + bench.grid(["deepseek-v3"], [8], [256], [32768], [1])),
@@ -37,10 +44,23 @@ for label, opts in variants.items():
         go = make_launcher(dp, steps, ws, splits)
         go()  # warm-up: clocks, caches
         main = steps[0][0]  # the main kernel's module holds the counters (the combine's has its own)
-        prof = cp.ndarray((24,), cp.uint64, main.module.get_global("kdtr_f90_prof"))
+        prof = cp.ndarray((32,), cp.uint64, main.module.get_global("kdtr_f90_prof"))
         prof[:] = 0
+        ends_dev = cp.ndarray((4096,), cp.uint64, main.module.get_global("kdtr_f90_ends"))
+        ends_dev[:] = 0
+        n_ctas = int(np.prod(steps[0][1]))
+        for slot in (19, 22):  # the first CTA entry and loop end are atomicMins
+            prof[slot:slot + 1] = cp.full((1,), np.iinfo(np.uint64).max, cp.uint64)
+        flush.sum()  # as kdtr bench times it: a cold L2, the GPU held while the host enqueues
+        hold((1,), (1,), (np.uint64(200_000),))
+        e0, e1 = cp.cuda.Event(), cp.cuda.Event()
+        e0.record()
         go()
+        e1.record()
         cp.cuda.runtime.deviceSynchronize()
+        event_us = cp.cuda.get_elapsed_time(e0, e1) * 1e3
+        raw = [int(x) for x in prof.get()]
+        ends = np.array([int(x) for x in ends_dev.get()[: min(4096, n_ctas)]], dtype=np.int64)
         v = prof.get().astype(float)
         tiles, ctas = v[10], v[11]
         print(f"{label} {spec.name}: {int(ctas)} CTAs, {tiles / ctas:.1f} tiles each; cycles per tile:")
@@ -53,3 +73,17 @@ for label, opts in variants.items():
               f"whole {v[14] / ctas:8.0f} cycles = {v[15] / ctas / 1e3:6.1f} us  (SM clock {v[14] / v[15]:.2f} GHz)")
         print(f"  producer from entry: split known {v[16] / ctas:6.0f}  tail scan done {v[17] / ctas:6.0f}  "
               f"Q registers loaded {v[18] / ctas:6.0f}  first tile may start {v[12] / ctas:6.0f} cycles")
+        print(f"  launch: CTA entries spread over {(raw[20] - raw[19]) / 1e3:5.1f} us, first entry to last exit "
+              f"{(raw[21] - raw[19]) / 1e3:6.1f} us; CUDA events around the launch {event_us:6.1f} us (cold L2)")
+        e = (np.sort(ends[ends > 0]) - raw[19]) / 1e3
+        if e.size:
+            print("  loop ends (us after the first entry), percentiles 0/10/50/90/100: "
+                  + " / ".join(f"{np.percentile(e, q):.1f}" for q in (0, 10, 50, 90, 100)))
+            rel = (ends - raw[19]) / 1e3
+            late = np.nonzero((ends > 0) & (rel > np.percentile(e, 90) + 5.0))[0]
+            if late.size:  # CTA x + gridDim.x * (y + gridDim.y * z), as the kernel numbers them
+                print("  CTAs ending > 5 us after the 90th percentile: "
+                      + ", ".join(f"{i} ({rel[i]:.1f})" for i in late[:12]) + f"  grid {steps[0][1]}")
+        at = lambda k: f"{(raw[k] - raw[19]) / 1e3:6.1f}" if raw[k] else "   -  "
+        print(f"  loops end from {at(22)} to {at(23)} us after the first entry; last CTA past: epilogue {at(24)}, "
+              f"merge ticket {at(25)}, all splits in {at(26)}, max lse {at(28)}, partials summed {at(29)}, rows merged {at(27)}, exit {at(21)} us")

@@ -84,6 +84,21 @@ def test_no_wgmma_serialization(compiled, src, names, arch):
     assert not bad, "\n".join(bad)
 
 
+MIN_COMBINE_REGISTERS = 64
+"""kdtr_flash_combine with fewer registers than this cannot hold a step's partial rows in flight:
+ptxas gave it 32 under __launch_bounds__(256) and issued one split's loads after the last one's
+use, an L2 round trip per split (docs/PERF.md, session 9)."""
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("src,names,arch", [j for j in JOBS if any(n.startswith("kdtr_flash_combine<") for n in j[1])],
+                         ids=[i for i, j in zip(JOB_IDS, JOBS) if any(n.startswith("kdtr_flash_combine<") for n in j[1])])
+def test_the_split_merge_keeps_its_loads_in_flight(compiled, src, names, arch):
+    c = compiled(src, names, arch)
+    for ne in (n for n in names if n.startswith("kdtr_flash_combine<")):
+        assert c.resource(ne).registers >= MIN_COMBINE_REGISTERS, f"{ne} on {arch}: {c.resource(ne)}"
+
+
 def test_wgmma_serialization_lines_are_found():
     """The lines ptxas printed for flash-sm90's first transposed-rows build (session 7) are caught."""
     log = (

@@ -190,13 +190,17 @@ def tile_loop(p, b: int, split_len: int, tile: int = 64, round_p: bool = True):
 
 @pytest.mark.parametrize("name, b", [("dsv3-edges", 5), ("dsv3-edges", 2), ("kimi-long", 0)])
 def test_matches_literal_tile_loop(name, b):
-    """The folded rescale equals the per-tile loop to fp32 rounding, far below the bf16 error."""
+    """The folded rescale equals the per-tile loop to fp32 rounding, far below the bf16 error (2^-8).
+
+    fp32 rounding here depends on the CPU's BLAS kernels: OpenBLAS's FMA kernels (Haswell, Zen) put
+    the two up to 4.8e-6 x scale apart on these cases, its SSE ones (Sandybridge) 8e-7; the loop
+    with a wrong rescale factor (sqrt(alpha)) is 0.24-0.36 x scale off on the two multi-tile cases."""
     p, ro, rl = case(name)
     sl = default_split_len(int(p.prefix_lens[b]))
     o, l = run(name, "fp32")
     lo, ll = tile_loop(p, b, sl)
     scale = np.abs(ro[b]).max()
-    assert np.abs(o[b] - lo).max() < 2e-6 * scale, np.abs(o[b] - lo).max()
+    assert np.abs(o[b] - lo).max() < 2e-5 * scale, np.abs(o[b] - lo).max()
     assert np.abs(l[b] - ll).max() < 1e-5
     # Without the P rounding the same loop meets the fp32-kernel tolerance: P is the bf16 error.
     xo, xl = tile_loop(p, b, sl, round_p=False)
