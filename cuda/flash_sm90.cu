@@ -674,7 +674,11 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
       // in one FMA (sc > 0, so max(s) sc = max(s sc)). Measured 1-3 % faster than scaling first
       // (docs/PERF.md, session 5).
       const int key0 = tile_key0(i);
-      const bool tail_tile = i >= n_pre, partial = key0 + BN > kp_hi || srow0 + 8 >= R;
+      // Rows past R are not masked: their Q rows repeat row R - 1 (RoPE columns zero) and nothing of
+      // them is stored. Masked, their maximum stayed -inf, so every tile rescaled their O (alpha = 0,
+      // 128 multiplies a consumer thread) and took the per-element path: the last row tile of T257
+      // (16 rows) ran ~10 % behind the others, and every decode tile (8 of 64 rows) paid it.
+      const bool tail_tile = i >= n_pre, partial = key0 + BN > kp_hi;
       unsigned word[2] = {~0u, ~0u}, wordx[2] = {~0u, ~0u};  // tail tile: the mask word of each row half / extra row
       if (tail_tile) {
         const int w = (key0 - P) / KDTR_MASK_BITS;
@@ -700,11 +704,11 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
           const int col = (e >> 2) * 8 + 2 * tq + (e & 1);
           s[e] = ((word[(e >> 1) & 1] >> col) & 1u) ? s[e] : kdtr::neg_inf();
         }
-      } else if (partial) {  // the last, partial prefix tile, or rows past R
+      } else if (partial) {  // the last, partial prefix tile
 #pragma unroll
         for (int e = 0; e < S_REGS; ++e) {
-          const int h = (e >> 1) & 1, col = (e >> 2) * 8 + 2 * tq + (e & 1);
-          s[e] = (srow0 + 8 * h < R && key0 + col < kp_hi) ? s[e] : kdtr::neg_inf();
+          const int col = (e >> 2) * 8 + 2 * tq + (e & 1);
+          s[e] = key0 + col < kp_hi ? s[e] : kdtr::neg_inf();
         }
       }  // else a full prefix tile: every key visible
       float alpha[2] = {1.f, 1.f}, psum[2] = {0.f, 0.f};
