@@ -104,7 +104,7 @@ def bench_shape(spec: CaseSpec, impls: list, peaks: dict, seed: int = 0, check: 
     """Check, then time every implementation on one shape (all on the same device inputs)."""
     from kdtr.compare import compare
     from kdtr.launch import DeviceProblem
-    from kdtr.timing import time_launcher
+    from kdtr.timing import l2_flush_bytes, time_launcher
     from kdtr.tolerances import default
 
     layout, _ = build_problem(spec, values=False)
@@ -117,7 +117,7 @@ def bench_shape(spec: CaseSpec, impls: list, peaks: dict, seed: int = 0, check: 
                           "model": spec.model, "page": spec.page_size, "kv": spec.kv_dtype, "out": spec.out_dtype},
               flops, nbytes, roof, bound)
     want = _gate_reference(dp, spec) if check else None
-    flush = 2 * peaks.get("l2_bytes", 64 << 20) + (16 << 20)
+    flush = l2_flush_bytes(peaks.get("l2_bytes"))
     base_ms = None
     for impl in impls:
         cell = Cell(impl.name, "ok")

@@ -27,6 +27,12 @@ extern "C" __global__ void kdtr_hold(unsigned long long ns) {  // one thread spi
 """
 
 
+def l2_flush_bytes(l2_bytes: int | None) -> int:
+    """The buffer time_launcher reads between repetitions: twice the L2 and 16 MB more, so nothing
+    of the last repetition survives in it."""
+    return 2 * (l2_bytes or 64 << 20) + (16 << 20)
+
+
 def hold_ns(enqueue_s: float) -> int:
     """How long the GPU waits before each timed repetition: longer than the host takes to enqueue
     it (1.5x + 20 us, at most 50 ms), so the events time device work, never Python's launch loop."""

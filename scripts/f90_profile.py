@@ -16,11 +16,11 @@ import numpy as np
 
 from kdtr import bench, kernels
 from kdtr.cases import build_problem
-from kdtr.launch import DeviceProblem, _cupy, make_launcher
-from kdtr.timing import _HOLD
+from kdtr.launch import DeviceProblem, _cupy, device_info, make_launcher
+from kdtr.timing import _HOLD, l2_flush_bytes
 
 cp = _cupy()
-flush = cp.empty((2 * (64 << 20) + (16 << 20)) // 4, cp.int32)
+flush = cp.empty(l2_flush_bytes(device_info()["l2_bytes"]) // 4, cp.int32)
 hold = cp.RawKernel(_HOLD, "kdtr_hold")
 PRODUCER = ("tile wait", "S issue", "S wait+softmax", "P store", "P-full wait")
 CONSUMER = ("P-full wait", "alpha+P V issue", "P V wait", "both-consumer bar", "refill+commit")

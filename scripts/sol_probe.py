@@ -12,7 +12,7 @@ from kdtr import bench
 from kdtr.cases import build_problem
 from kdtr.kernels import resolve_kernel
 from kdtr.launch import DeviceProblem, _cupy, device_info
-from kdtr.timing import time_launcher
+from kdtr.timing import l2_flush_bytes, time_launcher
 
 cp = _cupy()
 SRC = r"""
@@ -30,7 +30,7 @@ extern "C" __global__ void read_kernel(const uint4* __restrict__ src, long long 
 mod = cp.RawModule(code=SRC)
 empty, read = mod.get_function("empty_kernel"), mod.get_function("read_kernel")
 sms = device_info()["sm_count"]
-FLUSH = 2 * device_info()["l2_bytes"] + (16 << 20)
+FLUSH = l2_flush_bytes(device_info()["l2_bytes"])
 sink = cp.zeros(1, cp.uint32)
 
 print(f"{'what':44s} {'flush':>6s} {'us':>9s} {'GB/s':>8s}")

@@ -122,3 +122,13 @@ def test_the_gpu_is_held_longer_than_the_host_enqueues():
     assert hold_ns(0.0) == 20_000  # a floor for a cheap launch
     assert hold_ns(1e-3) >= 1.5e6  # a launch-bound baseline's host loop stays hidden
     assert hold_ns(10.0) == 50_000_000  # capped
+
+
+def test_the_l2_flush_outgrows_the_l2():
+    """bench, f90_profile and sol_probe read a buffer of more than twice the L2 between repetitions;
+    an unknown L2 counts as 64 MB."""
+    from kdtr.timing import l2_flush_bytes
+
+    for l2 in (40 << 20, 50 << 20, 60 << 20, 96 << 20):
+        assert l2_flush_bytes(l2) > 2 * l2
+    assert l2_flush_bytes(None) == l2_flush_bytes(64 << 20) == 144 << 20
