@@ -329,7 +329,7 @@ class FlashKernel:
         can_merge = v.merges_in_kernel and merge_units > 0
         xr_env = os.environ.get("KDTR_FLASH_XR", "")
         pl = plan(pr.B, pr.T, pr.H, int(pr.prefix_lens.max()), info["sm_count"], cfg["BN"], self.bug, mt, per_sm,
-                  forced_splits or None, can_merge, v.extra_rows if xr_env != "0" else 0, xr_env == "1", max(1, merge_units))
+                  forced_splits or None, can_merge, v.extra_rows if xr_env != "0" else 0, xr_env == "1", merge_units)
         if pl.merge or pl.xr:
             main = self._load(v.main.format(mt=mt, out=out_t, bug=self.bug, merge=int(pl.merge), xr=pl.xr))
         seg = choose_segments(pr.prefix_lens, pr.T, pr.H, pl, info["sm_count"] * per_sm, cfg["BN"], v.tile_ns,

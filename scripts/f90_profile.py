@@ -60,8 +60,8 @@ for label, opts in variants.items():
         cp.cuda.runtime.deviceSynchronize()
         event_us = cp.cuda.get_elapsed_time(e0, e1) * 1e3
         raw = [int(x) for x in prof.get()]
-        ends = np.array([int(x) for x in ends_dev.get()[: min(4096, n_ctas)]], dtype=np.int64)
-        v = prof.get().astype(float)
+        ends = ends_dev.get()[: min(4096, n_ctas)].astype(np.int64)
+        v = np.array(raw, dtype=float)
         tiles, ctas = v[10], v[11]
         print(f"{label} {spec.name}: {int(ctas)} CTAs, {tiles / ctas:.1f} tiles each; cycles per tile:")
         print("  producer  " + "  ".join(f"{n} {v[i] / tiles:6.0f}" for i, n in enumerate(PRODUCER))

@@ -90,9 +90,11 @@ ptxas gave it 32 under __launch_bounds__(256) and issued one split's loads after
 use, an L2 round trip per split (docs/PERF.md, session 9)."""
 
 
+COMBINE_JOBS = {i: j for i, j in zip(JOB_IDS, JOBS) if any(n.startswith("kdtr_flash_combine<") for n in j[1])}
+
+
 @needs_nvrtc
-@pytest.mark.parametrize("src,names,arch", [j for j in JOBS if any(n.startswith("kdtr_flash_combine<") for n in j[1])],
-                         ids=[i for i, j in zip(JOB_IDS, JOBS) if any(n.startswith("kdtr_flash_combine<") for n in j[1])])
+@pytest.mark.parametrize("src,names,arch", COMBINE_JOBS.values(), ids=COMBINE_JOBS.keys())
 def test_the_split_merge_keeps_its_loads_in_flight(compiled, src, names, arch):
     c = compiled(src, names, arch)
     for ne in (n for n in names if n.startswith("kdtr_flash_combine<")):
