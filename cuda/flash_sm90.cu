@@ -524,6 +524,7 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
   const unsigned bars = base + Smem::bars;      // u64 mbarrier of stage st at bars + 8 st
   CtaPhases phases;
   phases.start();
+  kdtr::pdl_launch_dependents();  // the combine launch may take SMs as they free up; it waits for this grid
   int* live = reinterpret_cast<int*>(smem + Smem::live);
   unsigned char* tail_tiles = smem + Smem::tiles;
   int* n_tail_s = reinterpret_cast<int*>(smem + Smem::count);

@@ -323,6 +323,7 @@ __device__ __forceinline__ void merge_row_warp(const float* ws_o, const float* w
 // dependent round trips per row (docs/PERF.md, session 6: 0.75 TB/s).
 template <typename OutT>
 __global__ void __launch_bounds__(32 * COMBINE_WARPS) kdtr_flash_combine_rows(const KdtrParams p) {
+  kdtr::pdl_wait();  // launched as dependent of the main kernel (kdtr/flash.py)
   const int R = p.T * p.H, S = p.num_splits, b = blockIdx.y;
   const int row = blockIdx.x * COMBINE_WARPS + (threadIdx.x >> 5);
   if (row >= R) return;
@@ -338,6 +339,7 @@ __global__ void __launch_bounds__(32 * COMBINE_WARPS) kdtr_flash_combine_rows(co
 // slot (kdtr/schedule.py; any number of slots).
 template <typename OutT, int ROWS>
 __global__ void __launch_bounds__(32 * COMBINE_WARPS) kdtr_flash_combine_jobs(const KdtrParams p, const int* jobs) {
+  kdtr::pdl_wait();  // launched as dependent of the main kernel (kdtr/flash.py)
   const int* job = jobs + (long long)blockIdx.y * kdtr::JOB_INTS;
   const int b = job[0], r0 = job[1], slot0 = job[2], S = job[3], rl = blockIdx.x * COMBINE_WARPS + (threadIdx.x >> 5);
   const int R = p.T * p.H, row = r0 + rl;
@@ -357,6 +359,7 @@ __global__ void __launch_bounds__(32 * COMBINE_WARPS) kdtr_flash_combine_jobs(co
 template <typename OutT>
 __global__ void __maxnreg__(128) kdtr_flash_combine(const KdtrParams p) {  // 256 threads (COMBINE_WARPS)
   __shared__ float red[COMBINE_RED_FLOATS];
+  kdtr::pdl_wait();  // launched as dependent of the main kernel (kdtr/flash.py)
   const int cols = KDTR_DV / gridDim.z;
   kdtr::merge_row<OutT, COMBINE_WARPS, MERGE_BATCH_COMBINE>(p, blockIdx.x, blockIdx.y, blockIdx.z * cols, cols, threadIdx.x >> 5,
                                        threadIdx.x & 31, red, [] { __syncthreads(); });

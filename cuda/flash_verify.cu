@@ -129,6 +129,7 @@ __global__ void __launch_bounds__(flash::Tile<MT>::NTHREADS, 1) kdtr_flash_verif
   constexpr int COLS_W = NT_O * 8;     // output columns per warp
 
   extern __shared__ __align__(16) unsigned char smem[];
+  kdtr::pdl_launch_dependents();  // the combine launch may take SMs as they free up; it waits for this grid
   float* spart = reinterpret_cast<float*>(smem + S::spart);
   __nv_bfloat16* ps = reinterpret_cast<__nv_bfloat16*>(smem + S::ps);
   float* rowf = reinterpret_cast<float*>(smem + S::rowf);

@@ -130,6 +130,22 @@ __device__ __forceinline__ void store2<__nv_bfloat16>(__nv_bfloat16* dst, float 
   *reinterpret_cast<__nv_bfloat162*>(dst) = __floats2bfloat162_rn(x, y);
 }
 
+// ---- programmatic dependent launch (sm_90+; no-ops below sm_90 and for launches that did not ask) ----
+
+// the next launch of the stream may be scheduled now (kdtr/launch.py marks it dependent); its wait
+// below still holds it until this grid has finished and its writes are visible
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+// the first statement of a kernel launched as dependent: returns once the previous grid is done
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
 // ---- constants of the exp2-domain softmax ---------------------------------------------------------
 
 constexpr float LOG2E = 1.4426950408889634f;  // log2(e): exp(x) = exp2(x * LOG2E)

@@ -26,6 +26,9 @@ from kdtr.presets import DK, DV
 COMBINE = "kdtr_flash_combine<{out}>"
 COMBINE_ROWS = "kdtr_flash_combine_rows<{out}>"
 COMBINE_JOBS = "kdtr_flash_combine_jobs<{out}, {rows}>"
+DEPENDENT_PREFIX = "kdtr_flash_combine"
+"""The merge kernels open with kdtr::pdl_wait(): launched after the main kernel, they are launched
+dependent on it (kdtr/pdl.py; tests/test_pdl.py checks each kernel so named waits first)."""
 
 
 @dataclass(frozen=True)
@@ -289,7 +292,8 @@ class FlashKernel:
         from kdtr.launch import load_function
 
         if expr not in self._fns:
-            self._fns[expr] = load_function(self.variant.source, expr, arch=self.variant.arch, options=self.options)
+            self._fns[expr] = load_function(self.variant.source, expr, arch=self.variant.arch, options=self.options,
+                                            dependent=expr.startswith(DEPENDENT_PREFIX))
         return self._fns[expr]
 
     def config(self) -> dict:

@@ -8,6 +8,7 @@ loaded from the cached cubin; Python callables get cupy arrays (or torch tensors
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -221,12 +222,14 @@ class Loaded:
     compiled: nvrtc.Compiled
     consts: tuple[int, int, int, int]
     """kdtr_launch of the module, or DEFAULT_LAUNCH."""
+    dependent: bool = False
+    """The kernel opens with kdtr::pdl_wait(): as a later step it is launched dependent (kdtr/pdl.py)."""
 
 
 _MODULES: dict[str, object] = {}
 
 
-def load_function(source_path, name_expression: str, arch: str | None = None, options=()) -> Loaded:
+def load_function(source_path, name_expression: str, arch: str | None = None, options=(), dependent: bool = False) -> Loaded:
     """Compile (or take from the cubin cache) one kernel for this device and load it."""
     cp = _cupy()
     compiled = nvrtc.compile_file(source_path, [name_expression], arch or device_arch(), options=tuple(options))
@@ -245,7 +248,7 @@ def load_function(source_path, name_expression: str, arch: str | None = None, op
         consts = read_global_ints(module, "kdtr_launch", 4)
     except Exception:  # no kdtr_launch in this file (CUDA_ERROR_NOT_FOUND)
         consts = DEFAULT_LAUNCH
-    return Loaded(module.get_function(compiled.lowered[name_expression]), module, compiled, consts)
+    return Loaded(module.get_function(compiled.lowered[name_expression]), module, compiled, consts, dependent)
 
 
 def read_global_ints(module, name: str, n: int) -> tuple[int, ...]:
@@ -281,13 +284,38 @@ def make_launcher(dp: DeviceProblem, steps, workspace_bytes: int = 0, num_splits
     for loaded, _, _, smem, _ in launches:
         if smem > _STATIC_SMEM_LIMIT:
             loaded.function.max_dynamic_shared_size_bytes = smem
+    calls = [_dependent_call(*step) if i and step[0].dependent and pdl_enabled() else _plain_call(*step)
+             for i, step in enumerate(launches)]
 
     def go():
-        for loaded, grid, block, smem, args in launches:
-            loaded.function(grid, block, args, shared_mem=smem)
+        stream = cp.cuda.get_current_stream().ptr
+        for call in calls:
+            call(stream)
 
     go.workspace = ws  # keeps the scratch alive as long as the launcher
     return go
+
+
+def pdl_enabled() -> bool:
+    """Dependent launches (kdtr/pdl.py) where the device has them (sm_90+), unless KDTR_PDL=0."""
+    from kdtr import pdl
+
+    return pdl.knob(os.environ.get("KDTR_PDL", "")) and int(device_info()["cc"][3:]) >= 90
+
+
+def _plain_call(loaded, grid, block, smem, args):
+    return lambda stream: loaded.function(grid, block, args, shared_mem=smem)
+
+
+def _dependent_call(loaded, grid, block, smem, args):
+    from kdtr import pdl
+
+    return pdl.prepare(function_ptr(loaded.function), grid, block, smem, args)
+
+
+def function_ptr(fn) -> int:
+    """The CUfunction of a loaded kernel (a cupy RawKernel holds it as .kernel, a cupy Function is it)."""
+    return int(getattr(fn, "kernel", fn).ptr)
 
 
 def launch_kernels(name: str, dp: DeviceProblem, steps, workspace_bytes: int = 0, num_splits: int = 1) -> RunOutput:

@@ -13,6 +13,7 @@
 #   sets  : only final's timings
 #   longflash: only final's long-suite verification
 #   flashci: both flash kernels on ci and every flash GPU test
+#   pdl   : dependent combine launches: ci, flash tests, sanitizers, timings with KDTR_PDL=0/1 and KDTR_FLASH_MERGE=0
 #   combine: both flash kernels on ci (--repeat 3) and their planted bugs, then scripts/time_steps.py
 #   verify: every built-in kernel on ci, every planted bug, flash-sm90 under memcheck/racecheck
 #   merge : flash-sm90's in-kernel merge: ci, bugs, timings with KDTR_FLASH_MERGE=0/1
@@ -166,6 +167,21 @@ for mode in "${@:-check}"; do
     flashci)  # both flash kernels on ci (--repeat 3) and every flash GPU test (planted bugs, both merges)
       ci_verify flash flash-sm90
       flash_tests
+      ;;
+    pdl)  # dependent combine launches (kdtr/pdl.py): ci for both kernels (flash-sm90 also with KDTR_PDL=0), every flash
+          # test (the dependent-launch probe included), both under the sanitizers, then this tree timed with KDTR_PDL=0
+          # and 1 alternately (separate processes) and, dependent, with the combine launch instead of the in-kernel merge
+      ci_verify flash flash-sm90
+      KDTR_PDL=0 stage verify_pdl0_ci timeout 90 $KDTR verify -k flash-sm90 ci --repeat 3 --json "$LOGS/verify_pdl0_ci.json"
+      tail -n 1 "$LOGS/verify_pdl0_ci.log" >>"$SUMMARY"
+      flash_tests
+      sanitize_ci flash flash-sm90
+      for x in 0 1 0 1; do
+        KDTR_PDL=$x stage ab_pdl$x timeout 200 python3 scripts/sm90_ablate.py "${AB_SHAPES:-balance}" pdl$x=
+        grep -v Warn "$LOGS/ab_pdl$x.log" | tail -n 40 >>"$SUMMARY"
+      done
+      KDTR_FLASH_MERGE=0 stage ab_merge0 timeout 200 python3 scripts/sm90_ablate.py decode pdl1merge0=
+      grep -v Warn "$LOGS/ab_merge0.log" | tail -n 40 >>"$SUMMARY"
       ;;
     combine)  # both flash kernels after a change to their shared split plan / combine: ci, bugs, step timings
       ci_verify flash flash-sm90

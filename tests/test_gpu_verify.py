@@ -3,6 +3,7 @@ bug fails. `make test-gpu` runs these; the long suite needs KDTR_LONG=1 (its ref
 minutes on a CPU)."""
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -381,3 +382,34 @@ def test_flash_sm90_passes_ci_with_a_path_forced(path, ci_paths, monkeypatch):
     rep = run_verify(resolve_kernel("flash-sm90"), ci_paths, repeat=3)
     assert not rep.failed, _describe(rep)
     assert sum(r.status is Status.PASS for r in rep.results) >= 10
+
+
+@pytest.mark.parametrize("wait", [0, 1])
+def test_dependent_launch_overlaps_and_its_wait_orders_it(wait):
+    """kdtr/pdl.py on this stream: a secondary launched dependent on a primary that releases it and
+    then spins 2 ms runs early (sees the primary's flag still 0) without kdtr::pdl_wait(), and after
+    the primary with it; a plain launch always after. Guards the combine's dependent launch: were the
+    attribute ignored, the timings that credit it would be wrong; were the wait not ordering, the
+    merge would read partials not yet written."""
+    import numpy as np
+
+    from kdtr import pdl
+    from kdtr.launch import _cupy, function_ptr, load_function, pdl_enabled
+
+    if not pdl_enabled():
+        pytest.skip("dependent launches need sm_90+ (and KDTR_PDL unset or 1)")
+    cp = _cupy()
+    src = Path(__file__).parent / "cuda" / "pdl_probe.cu"
+    primary, secondary = (load_function(src, n).function for n in ("kdtr_pdl_primary", "kdtr_pdl_secondary"))
+    flag, seen = cp.zeros(1, cp.uint32), cp.full(1, 7, cp.uint32)
+    stream = cp.cuda.get_current_stream().ptr
+    for dependent in (True, False):
+        flag[:] = 0
+        seen[:] = 7
+        primary((1,), (1,), (flag, np.int64(2_000_000)))
+        if dependent:
+            pdl.prepare(function_ptr(secondary), (1, 1, 1), (1, 1, 1), 0, (flag, seen, np.int32(wait)))(stream)
+        else:
+            secondary((1,), (1,), (flag, seen, np.int32(wait)))
+        cp.cuda.runtime.deviceSynchronize()
+        assert int(seen.get()[0]) == (0 if dependent and not wait else 1), (dependent, wait)
