@@ -140,16 +140,16 @@ struct Smem {                                   // byte offsets into dynamic sha
   static constexpr int alpha = px + STAGES * PX_BYTES;              // float [STAGES][ROWS] rescale of O (and O^T)
   static constexpr int live = alpha;                                // int [MAX_TAIL_TILES] 0/1; prologue only, before any alpha
   static constexpr int stats = alpha + STAGES * ROWS * 4;           // float [ROWS] final 1 / l of each row (0: l = 0)
-  static constexpr int xmax = stats;                                // float [STAGES][2][XR_MAX]: S^T's two warps' row
-                                                                    // maxima; before stats is written (producer warps 0-1)
+  static constexpr bool XMAX_ALIASED = STAGES * 2 * XR_MAX <= 32;   // 2 stages: xmax fits the stats of warps 0-1's rows
   static constexpr int tiles = stats + ROWS * 4;                    // u8 [MAX_TAIL_TILES] live tail tiles
   static constexpr int count = tiles + MAX_TAIL_TILES;              // int
   static constexpr int bars = (count + 4 + 7) & ~7;                 // u64 [STAGES] mbarriers: a TMA tile of the stage landed
-  static constexpr int bytes = bars + STAGES * 8;
+  static constexpr int xmax = XMAX_ALIASED ? stats : bars + STAGES * 8;  // float [STAGES][2][XR_MAX]: S^T's two warps' row
+                                                                    // maxima; before stats is written (producer warps 0-1)
+  static constexpr int bytes = bars + STAGES * 8 + (XMAX_ALIASED ? 0 : STAGES * 2 * XR_MAX * 4);
 };
 static_assert(Smem::qx % 1024 == 0 && Smem::qrope % 1024 == 0, "swizzled operands start on a 1 KB swizzle atom");
-static_assert(MAX_TAIL_TILES * 4 <= STAGES * ROWS * 4 && STAGES * 2 * XR_MAX <= 32,
-              "the aliased arrays fit (xmax within the stats of producer warps 0-1's rows)");
+static_assert(MAX_TAIL_TILES * 4 <= STAGES * ROWS * 4, "the live flags fit the alpha they alias");
 static_assert(MAX_TAIL_TILES <= 255 && Smem::count % 4 == 0, "tail tiles as bytes");
 #if !defined(KDTR_F90_EXPERIMENT)
 static_assert(Smem::bytes <= 99 * 1024, "shared memory per block must stay within sm_120's 99 KB");
