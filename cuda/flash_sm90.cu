@@ -35,8 +35,9 @@
 //       conflict-free stores), one address per key, the 9 slabs at immediate offsets, the
 //       block-table entry read a tile earlier (docs/PERF.md, session 4); "tile landed" is a named
 //       barrier.
-//   * Splits: partial (out, lse) merged by kdtr_flash_combine(_rows), or, on one-wave decode grids
-//     (MERGE = 1, kdtr/flash.py), inside this kernel by the last splits of each row tile to
+//   * Splits: partial (out, lse) merged by kdtr_flash_combine(_rows), launched dependent on this
+//     kernel (kdtr/pdl.py: it is released at entry and waits for this grid), or, on one-wave decode
+//     grids (MERGE = 1, kdtr/flash.py), inside this kernel by the last splits of each row tile to
 //     finish (kdtr::merge_in_kernel).
 //   * Segments: where kdtr/schedule.py's model says uniform splits leave SMs idle (136 row tiles on
 //     132 SMs), the grid is a work table instead: CTA x walks the key range of its row (any tile

@@ -14,7 +14,8 @@
 // COMBINE_ROWS_MAX_SPLITS), as kdtr_flash_combine<OutT>, launched with grid (R, B, chunks <=
 // COMBINE_MAX_CHUNKS) and block 32 * COMBINE_WARPS (decode: few rows, up to hundreds of splits), or
 // inside a main kernel that calls kdtr::merge_in_kernel (flash-sm90 on one-wave grids); kdtr/flash.py
-// decides.
+// decides. The three merge kernels open with kdtr::pdl_wait(): on sm_90+ they are launched dependent
+// on the main kernel (kdtr/pdl.py), which releases them at entry, so their launch overlaps its tail.
 
 #pragma once
 

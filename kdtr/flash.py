@@ -7,8 +7,9 @@ Two kernels share the operator, the split plan, the workspace and the merge
 The plan is pure arithmetic on the shape and the SM count (testable without a GPU): the row
 tile (16, 32 or 64 rows), the KV split count from a small cost model (waves of CTAs times the
 keys each CTA walks, plus the combine's traffic), and whether flash-sm90 merges the splits
-itself (one-wave decode grids) or a combine launch does. Tile constants come from the compiled
-module (its ``*_config`` array), never restated here.
+itself (one-wave decode grids) or a combine launch does; that launch is dependent on the main
+kernel where the device allows (kdtr/pdl.py). Tile constants come from the compiled module (its
+``*_config`` array), never restated here.
 """
 
 from __future__ import annotations
@@ -314,8 +315,8 @@ class FlashKernel:
         wherever each merging split takes at most N units),
         KDTR_FLASH_COMBINE=rows|split which combine kernel, KDTR_FLASH_XR=0|1 transposed rows never /
         wherever they apply (else where the plan's model says), KDTR_FLASH_SEGMENTS=0|1|N the work
-        table never / wherever allowed / cut every N tiles (choose_segments; for experiments and
-        tests; docs/PERF.md)."""
+        table never / wherever allowed / cut every N tiles (choose_segments), KDTR_PDL=0 the combine
+        launched plainly (kdtr/launch.py; for experiments and tests; docs/PERF.md)."""
         import os
 
         from kdtr.launch import CTYPES, device_info, device_ints
