@@ -188,6 +188,7 @@ def bench(ctx, kernels, baselines, sets, suite, peaks_only, remeasure, no_check,
         return
     from kdtr import commands
 
+    commands.check_knobs()
     peaks = commands.bench_peaks(remeasure)
     if peaks_only:
         _emit({k: v for k, v in peaks.items()}, False, lambda d: click.echo(json.dumps(d, indent=1)))

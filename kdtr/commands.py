@@ -193,12 +193,21 @@ def render_show(d: dict) -> None:
 
 # ----------------------------------------------------------------------------- verify
 
+def check_knobs() -> None:
+    """A misspelt experiment knob (kdtr/knobs.py) stops verify and bench before they run anything:
+    one line and exit 2 (ValueError), not an error in every case."""
+    from kdtr.knobs import FlashKnobs
+
+    FlashKnobs.from_env()
+
+
 def verify_run(kernel_spec: str, sources: list[str], repeat: int, overrides: dict, json_file: str | None, jobs: int = 1,
                *, isolate: bool = True, timeout: float | None = None, sanitize: str | None = None, force: bool = False):
     from kdtr import report
     from kdtr.kernels import resolve_kernel
     from kdtr.verify import find_bundles, preflight, run_verify
 
+    check_knobs()
     kernel = resolve_kernel(kernel_spec)
     preflight(kernel)
     if sanitize:  # fail on a missing compute-sanitizer before generating or loading anything

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from kdtr.bugs import Bug
+from kdtr.knobs import FlashKnobs, segments_knob
 from kdtr.nvrtc import CUDA_DIR
 from kdtr.presets import DK, DV
 
@@ -212,16 +213,6 @@ def extra_row_tiles(rows: int, tile: int, extra_rows: int) -> tuple[int, int]:
     return tiles, 0
 
 
-def merge_knob(value: str) -> int:
-    """KDTR_FLASH_MERGE: "" the default (one merge unit per merging split), 0 the combine launch, N
-    up to N units per merging split (experiments: docs/PERF.md, sessions 4 and 9)."""
-    if value == "":
-        return 1
-    if not value.isdigit():
-        raise ValueError(f"KDTR_FLASH_MERGE={value!r}: 0 (the combine launch) or N >= 1 (units per merging split)")
-    return int(value)
-
-
 def plan(B: int, T: int, H: int, prefix_max: int, sm_count: int, bn: int, bug: int = 0, mt: int | None = None,
          ctas_per_sm: int = 1, splits: int | None = None, can_merge: bool = False, extra_rows: int = 0,
          xr_always: bool = False, merge_units: int = 1) -> FlashPlan:
@@ -261,8 +252,7 @@ def choose_segments(P, T: int, H: int, pl: FlashPlan, slots: int, bn: int, tile_
     lengths; l2_bytes: the device's L2, which drifting cuts need the KV they cut to fit in."""
     from kdtr import schedule
 
-    if force not in ("", "0", "1") and not (force.isdigit() and int(force) >= 2):
-        raise ValueError(f"KDTR_FLASH_SEGMENTS={force!r}: use 0 (never), 1 (wherever allowed) or N >= 2 (cut every N tiles)")
+    force = segments_knob(force)
     if force == "0" or not tile_ns or pl.merge or pl.xr or (not force and (T * H < SEGMENT_ROWS or forced_splits)):
         return None
     rows_per_tile = 16 * pl.mt
@@ -310,42 +300,30 @@ class FlashKernel:
     def steps(self, dp):
         """([(Loaded, grid, block, smem[, extra args])], workspace_bytes, num_splits): main kernel (+ combine).
 
-        KDTR_FLASH_MT=1|2|4 forces the row tile of ``flash``, KDTR_FLASH_SPLITS=N the split count,
-        KDTR_FLASH_MERGE=0 the combine launch instead of flash-sm90's in-kernel merge (=N: in-kernel
-        wherever each merging split takes at most N units),
-        KDTR_FLASH_COMBINE=rows|split which combine kernel, KDTR_FLASH_XR=0|1 transposed rows never /
-        wherever they apply (else where the plan's model says), KDTR_FLASH_SEGMENTS=0|1|N the work
-        table never / wherever allowed / cut every N tiles (choose_segments), KDTR_PDL=0 the combine
-        launched plainly (kdtr/launch.py; for experiments and tests; docs/PERF.md)."""
-        import os
-
+        The experiment knobs (kdtr/knobs.py: KDTR_FLASH_MT, _SPLITS, _MERGE, _COMBINE, _XR, _SEGMENTS)
+        force one side of each choice below; KDTR_PDL=0 launches the combine plainly (kdtr/launch.py)."""
         from kdtr.launch import CTYPES, device_info, device_ints
 
-        pr, info, v = dp.problem, device_info(), self.variant
-        forced_mt = int(os.environ.get("KDTR_FLASH_MT", 0))
-        mt = forced_mt if forced_mt in v.mts else v.mt_for(pr.T * pr.H)
+        pr, info, v, kn = dp.problem, device_info(), self.variant, FlashKnobs.from_env()
+        mt = kn.mt if kn.mt in v.mts else v.mt_for(pr.T * pr.H)
         out_t, cfg = CTYPES[dp.out_dtype], self.config()
         threads, smem = cfg[f"THREADS_MT{mt}"], cfg[f"SMEM_MT{mt}"]
         main = self._load(v.main.format(mt=mt, out=out_t, bug=self.bug, merge=0, xr=0))  # same launch bounds either way
         regs = next(iter(main.compiled.resources.values())).registers if main.compiled.resources else 255
         per_sm = occupancy(threads, regs, smem, info["regs_per_sm"], info["smem_per_sm"])
-        forced_splits = max(0, int(os.environ.get("KDTR_FLASH_SPLITS") or 0))
-        merge_units = merge_knob(os.environ.get("KDTR_FLASH_MERGE", ""))
-        can_merge = v.merges_in_kernel and merge_units > 0
-        xr_env = os.environ.get("KDTR_FLASH_XR", "")
+        can_merge = v.merges_in_kernel and kn.merge_units > 0
         pl = plan(pr.B, pr.T, pr.H, int(pr.prefix_lens.max()), info["sm_count"], cfg["BN"], self.bug, mt, per_sm,
-                  forced_splits or None, can_merge, v.extra_rows if xr_env != "0" else 0, xr_env == "1", merge_units)
+                  kn.splits or None, can_merge, v.extra_rows if kn.xr != "0" else 0, kn.xr == "1", kn.merge_units)
         if pl.merge or pl.xr:
             main = self._load(v.main.format(mt=mt, out=out_t, bug=self.bug, merge=int(pl.merge), xr=pl.xr))
         seg = choose_segments(pr.prefix_lens, pr.T, pr.H, pl, info["sm_count"] * per_sm, cfg["BN"], v.tile_ns,
-                              self.bug, os.environ.get("KDTR_FLASH_SEGMENTS", ""), info["l2_bytes"], bool(forced_splits))
+                              self.bug, kn.segments, info["l2_bytes"], bool(kn.splits))
         if seg is not None:
             return self._segment_steps(dp, seg, mt, out_t, cfg)
         no_work = (device_ints(np.zeros(0, np.int32)),) if v.tile_ns else ()
         steps = [(main, pl.grid, (threads, 1, 1), smem, (*self._tensor_map_args(dp, cfg), *no_work))]
         if pl.splits > 1 and not pl.merge:
-            name, grid = combine_launch(pr.T * pr.H, pr.B, pl.splits, info["sm_count"], cfg,
-                                        os.environ.get("KDTR_FLASH_COMBINE", ""))
+            name, grid = combine_launch(pr.T * pr.H, pr.B, pl.splits, info["sm_count"], cfg, kn.combine)
             steps.append((self._load(name.format(out=out_t)), grid, (cfg["COMBINE_THREADS"], 1, 1), 0))
         return steps, pl.workspace_bytes(pr.T, pr.H), pl.splits
 

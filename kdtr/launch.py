@@ -298,9 +298,9 @@ def make_launcher(dp: DeviceProblem, steps, workspace_bytes: int = 0, num_splits
 
 def pdl_enabled() -> bool:
     """Dependent launches (kdtr/pdl.py) where the device has them (sm_90+), unless KDTR_PDL=0."""
-    from kdtr import pdl
+    from kdtr.knobs import pdl_knob
 
-    return pdl.knob(os.environ.get("KDTR_PDL", "")) and int(device_info()["cc"][3:]) >= 90
+    return pdl_knob(os.environ.get("KDTR_PDL", "")) and int(device_info()["cc"][3:]) >= 90
 
 
 def _plain_call(loaded, grid, block, smem, args):

@@ -78,10 +78,3 @@ def prepare(function_ptr: int, grid, block, smem: int, args):
 
     go.keep = (args, bufs, params, attr)  # the arguments (device tables too) and their bytes live as long as the launcher
     return go
-
-
-def knob(value: str) -> bool:
-    """KDTR_PDL: "" or "1" dependent launches where they apply, "0" never (A/B timing)."""
-    if value not in ("", "0", "1"):
-        raise ValueError(f"KDTR_PDL={value!r}: 1 (dependent launches, the default) or 0 (never)")
-    return value != "0"

@@ -5,7 +5,8 @@ import re
 import pytest
 
 from kdtr.bugs import Bug
-from kdtr.flash import merge_knob, occupancy, plan, row_tile_m
+from kdtr.flash import occupancy, plan, row_tile_m
+from kdtr.knobs import merge_knob
 
 H200_SMS = 132
 BN = 32  # flash-sm90's KV tile (the plan reads it from the compiled module)

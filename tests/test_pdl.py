@@ -1,6 +1,6 @@
 """Dependent launches (kdtr/pdl.py), without a GPU: the ctypes structures match cuda.h, arguments
-pack to the bytes cupy would pass, the knob rejects junk, and every kernel launched dependent opens
-with its wait. tests/test_gpu_verify.py checks on a GPU that the launch does overlap and the wait
+pack to the bytes cupy would pass, a prepared launch keeps its arguments, and every kernel launched
+dependent opens with its wait. tests/test_gpu_verify.py checks on a GPU that the launch does overlap and the wait
 orders it."""
 
 from __future__ import annotations
@@ -63,17 +63,6 @@ def test_a_prepared_launch_keeps_its_device_tables_alive():
     del launch
     gc.collect()
     assert alive() is None
-
-
-@pytest.mark.parametrize("value,on", [("", True), ("1", True), ("0", False)])
-def test_knob(value, on):
-    assert pdl.knob(value) is on
-
-
-@pytest.mark.parametrize("value", ["yes", "2", " 0"])
-def test_knob_rejects_junk(value):
-    with pytest.raises(ValueError, match="KDTR_PDL"):
-        pdl.knob(value)
 
 
 def _kernel_bodies(source: str):

@@ -1,0 +1,45 @@
+"""The flash kernels' experiment knobs (kdtr/knobs.py), without a GPU: every value the docs name
+parses, junk names its variable, and the CLI turns junk into one line and exit code 2 before it
+runs anything (it used to surface as an error in every verified case, and only on a GPU)."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from kdtr.cli import main
+from kdtr.knobs import FlashKnobs, merge_knob, pdl_knob, segments_knob
+
+
+def test_defaults_are_the_plans_own():
+    assert FlashKnobs.from_env({}) == FlashKnobs()
+    assert FlashKnobs() == FlashKnobs(mt=0, splits=0, merge_units=1, combine="", xr="", segments="", pdl=True)
+
+
+def test_every_documented_value_parses():
+    env = {"KDTR_FLASH_MT": "2", "KDTR_FLASH_SPLITS": "7", "KDTR_FLASH_MERGE": "0", "KDTR_FLASH_COMBINE": "rows",
+           "KDTR_FLASH_XR": "1", "KDTR_FLASH_SEGMENTS": "3", "KDTR_PDL": "0"}
+    assert FlashKnobs.from_env(env) == FlashKnobs(2, 7, 0, "rows", "1", "3", False)
+    assert [merge_knob(v) for v in ("", "0", "1", "4")] == [1, 0, 1, 4]
+    assert [segments_knob(v) for v in ("", "0", "1", "2", "16")] == ["", "0", "1", "2", "16"]
+    assert [pdl_knob(v) for v in ("", "1", "0")] == [True, True, False]
+
+
+@pytest.mark.parametrize("name,value", [
+    ("KDTR_FLASH_MT", "3"), ("KDTR_FLASH_MT", "x"), ("KDTR_FLASH_SPLITS", "-1"), ("KDTR_FLASH_SPLITS", "7k"),
+    ("KDTR_FLASH_MERGE", "yes"), ("KDTR_FLASH_COMBINE", "warp"), ("KDTR_FLASH_XR", "2"),
+    ("KDTR_FLASH_SEGMENTS", "x"), ("KDTR_PDL", "on"), ("KDTR_PDL", " 0"),
+])
+def test_junk_names_its_variable(name, value):
+    with pytest.raises(ValueError, match=f"^{name}="):
+        FlashKnobs.from_env({name: value})
+
+
+@pytest.mark.parametrize("command", [["verify", "-k", "emulate-flash", "smoke"],
+                                     ["bench", "-k", "emulate-flash", "--model", "kimi-k2", "--prefix", "1k", "--no-check"]])
+def test_the_cli_stops_on_junk_with_one_line_and_exit_2(command, monkeypatch):
+    monkeypatch.setenv("KDTR_FLASH_SPLITS", "many")
+    r = CliRunner().invoke(main, command)
+    assert r.exit_code == 2, (r.exit_code, r.output)
+    text = r.output.strip()
+    assert "KDTR_FLASH_SPLITS='many'" in text and "Traceback" not in text and len(text.splitlines()) == 1, text
