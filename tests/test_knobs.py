@@ -4,6 +4,8 @@ runs anything (it used to surface as an error in every verified case, and only o
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from click.testing import CliRunner
 
@@ -23,6 +25,12 @@ def test_every_documented_value_parses():
     assert [merge_knob(v) for v in ("", "0", "1", "4")] == [1, 0, 1, 4]
     assert [segments_knob(v) for v in ("", "0", "1", "2", "16")] == ["", "0", "1", "2", "16"]
     assert [pdl_knob(v) for v in ("", "1", "0")] == [True, True, False]
+
+
+@pytest.mark.parametrize("bad", ["x", "-1", "1.5"])
+def test_merge_knob_says_what_it_takes(bad):
+    with pytest.raises(ValueError, match=f"KDTR_FLASH_MERGE='{re.escape(bad)}': 0 \\(the combine launch\\)"):
+        merge_knob(bad)
 
 
 @pytest.mark.parametrize("name,value", [
