@@ -61,6 +61,10 @@
 //   * Registers: the producer keeps Q's 512 latent columns as A fragments (128 registers); its 64
 //     RoPE columns sit in shared memory as one more swizzled slab (the last 4 k-steps of S read
 //     both operands from shared memory).
+//   * Prologue: the roles split at entry. The producer copies the RoPE slab (and Q_x) by cp.async and
+//     loads Q's fragments at once; the consumers initialise the mbarriers, issue the first TMA tiles
+//     and find the live tail tiles, then hand them over by a named barrier (the XR build keeps a
+//     block-wide scan before the split: its consumers have no register to spare).
 //   Shared memory: 2 x 36 864 (KV) + 8 KB (Q RoPE) + 2 x 4 KB (P) + 9 KB (Q_x) + 2 x 512 B (P_x) + row
 //   factors, tail-tile list and mbarriers = 101 280 B, within sm_120's 99 KB like every kdtr kernel
 //   (static_assert), though only sm_90a has wgmma. The base must be 1 KB aligned (swizzle atoms; no
@@ -113,12 +117,13 @@ constexpr bool TMA = true;
 constexpr int TMA_BOX_COLS = 64;                // a TMA box: 64 columns (one 128-byte swizzle row) x BN keys
 constexpr int TMA_BOX_SLABS = KDTR_DK / TMA_BOX_COLS;  // x all 9 slabs: one box is one whole tile
 
-// named barriers (0 is __syncthreads, used only before the roles split)
+// named barriers (0 is __syncthreads: only the XR build's tail-tile scan, before the roles split)
 constexpr int BAR_P_FULL = 1;                 // + stage: P of the stage's tile written; all 384 sync
 constexpr int BAR_TILE = BAR_P_FULL + STAGES;   // + stage: the consumers' copies of the stage's tile landed; they arrive, producer syncs
 constexpr int BAR_STATS = BAR_TILE + STAGES;    // final row statistics written (384)
 constexpr int BAR_CONS = BAR_STATS + 1;         // both consumers' P V of a tile done: its stage may be refilled (256)
 constexpr int BAR_XMAX = BAR_CONS + 1;          // S^T's row maxima exchanged between producer warps 0 and 1 (64)
+constexpr int BAR_SCAN = BAR_XMAX + 1;          // the producer's Q slabs landed (128) and the consumers' tail-tile scan done (384)
 
 // The transposed rows (template XR = 8): a CTA whose request has R = 64 k + x rows, 0 < x <= XR_MAX,
 // takes the x rows past its 64 as the N of transposed products, S^T = K Q_x^T (wgmma m64n8k16, A = the
@@ -155,7 +160,7 @@ static_assert(MAX_TAIL_TILES <= 255 && Smem::count % 4 == 0, "tail tiles as byte
 #if !defined(KDTR_F90_EXPERIMENT)
 static_assert(Smem::bytes <= 99 * 1024, "shared memory per block must stay within sm_120's 99 KB");
 #endif
-static_assert(STAGES >= 2 && BAR_XMAX < 16, "2+ stages, within the 16 named barriers");
+static_assert(STAGES >= 2 && BAR_SCAN < 16, "2+ stages, within the 16 named barriers");
 static_assert(NTHREADS - 128 == BN * 8, "tile copies: one consumer thread per (key, 16-byte chunk) of a 128-byte row");
 static_assert(STAGE_BYTES % 1024 == 0, "every stage starts on a 128-byte-swizzle atom");
 static_assert(TMA_BOX_COLS * 2 == 128 && TMA_BOX_COLS * SLABS == KDTR_DK, "a TMA box row is one 128-byte swizzle row of a slab");
@@ -360,6 +365,13 @@ __device__ __forceinline__ float ex2(float x) {
   return y;
 }
 
+// cp.async.wait_group 0 once `v` has arrived: a plain wait after the Q loads was scheduled by ptxas
+// above most of them (global loads and the async copies' shared stores do not alias), which cost the
+// producer a round trip (docs/PERF.md, session 11).
+__device__ __forceinline__ void cp_async_wait_all_after(unsigned v) {
+  asm volatile("cp.async.wait_group 0;\n" ::"r"(v) : "memory");
+}
+
 __device__ __forceinline__ void st_shared_u32(unsigned addr, unsigned v) {
   asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
 }
@@ -498,6 +510,30 @@ __device__ __forceinline__ void st_shared_u16(unsigned addr, unsigned short v) {
 
 }  // namespace f90
 
+// The live tail tiles of rows [r0, r_end) of a request: mask word w (nodes 32 w .. 32 w + 31) that some
+// of its rows see. N threads (t = 0 .. N - 1, `sync` their barrier) scan the words; thread `leader`
+// lists them in `tiles`; every caller gets n_pre + their count.
+template <int N, int BUG, typename Sync>
+__device__ __forceinline__ int find_tail_tiles(const unsigned* mask_b, int r0, int r_end, int H, int W, bool has_tail,
+                                               int n_pre, int t, bool leader, int* live, unsigned char* tiles,
+                                               int* n_tail_s, Sync sync) {
+  if (t < f90::MAX_TAIL_TILES) live[t] = 0;
+  sync();
+  if (has_tail)
+    kdtr::for_each_tail_word<N, BUG>(mask_b, r0, r_end, H, W, t, [&](unsigned word, int w) {
+      if (word) live[w] = 1;
+    });
+  sync();
+  if (leader) {
+    int n = 0;
+    for (int w = 0; w < W && w < f90::MAX_TAIL_TILES; ++w)
+      if (live[w]) tiles[n++] = w;
+    *n_tail_s = has_tail ? n : 0;
+  }
+  sync();
+  return n_pre + *n_tail_s;
+}
+
 // ---------------------------------------------------------------------------------------------
 // kernels
 // ---------------------------------------------------------------------------------------------
@@ -553,25 +589,21 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
   const int kp_lo = keys.lo, kp_hi = keys.hi, n_pre = keys.n_pre;
   const bool has_tail = keys.has_tail;
 
-  // ---- live tail tiles: mask word w (nodes 32w..32w+31) some row of this CTA sees ----
-  if (tid < MAX_TAIL_TILES) live[tid] = 0;
-  __syncthreads();
-  if (has_tail)
-    kdtr::for_each_tail_word<NTHREADS, BUG>(mask_b, r0, r_end, H, W, tid, [&](unsigned word, int w) {
-      if (word) live[w] = 1;
-    });
-  __syncthreads();
-  if (tid == 0) {
-    int n = 0;
-    for (int w = 0; w < W && w < MAX_TAIL_TILES; ++w)
-      if (live[w]) tail_tiles[n++] = w;
-    *n_tail_s = has_tail ? n : 0;
-    for (int st = 0; st < STAGES; ++st) mbar_init(bars + st * 8, 1);
-    mbar_init_fence();
+  // ---- the live tail tiles. Without transposed rows the consumers find them while the producer loads
+  // Q (the roles split at entry, BAR_SCAN hands the list over), so that Q's loads leave at entry
+  // instead of after the scan's three barriers (docs/PERF.md, session 11). The XR build keeps the
+  // block-wide scan: its consumers sit at the register limit, and every form of the split spilled.
+  constexpr bool CONSUMER_SCAN = !XR;
+  int n_tiles_block = 0;  // the block-wide scan's result (XR builds)
+  if (!CONSUMER_SCAN) {
+    if (tid == 0) {
+      for (int st = 0; st < STAGES; ++st) mbar_init(bars + st * 8, 1);
+      mbar_init_fence();
+    }
+    n_tiles_block = find_tail_tiles<NTHREADS, BUG>(mask_b, r0, r_end, H, W, has_tail, n_pre, tid, tid == 0, live, tail_tiles,
+                                                        n_tail_s, [] { __syncthreads(); });
+    phases.reached(CtaPhases::SCAN, n_tiles_block);
   }
-  __syncthreads();
-  const int n_tiles = n_pre + *n_tail_s;
-  phases.reached(CtaPhases::SCAN, n_tiles);
   // first key of tile i: prefix tiles from kp_lo, tail tile w at P + 32 w
   auto tile_key0 = [&](int i) { return i < n_pre ? kp_lo + i * BN : P + tail_tiles[i - n_pre] * BN; };
   const unsigned kv_base = base + Smem::kv;
@@ -592,34 +624,36 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
     // =========================== producer: S = Q K^T, softmax ===========================
     set_max_regs_inc<PRODUCER_REGS>();
 
-    // Q's latent columns as wgmma A fragments: rows ww*16 + g (+8), k-steps 0..31
+    // Q's RoPE columns (one swizzled K-major slab; zeros for the planted no-rope bug and past R) and the
+    // transposed rows' Q_x (9 slabs of 8 rows) by cp.async: in flight with the fragment loads below and
+    // holding no registers. A row past R reads row R - 1 with size 0 (nothing is read, zeros land).
     const __nv_bfloat16* qb = static_cast<const __nv_bfloat16*>(p.q) + (long long)b * R * KDTR_DK;
-    unsigned qf[QREG_KSTEPS][4];
-    load_q_fragments(qf, qb, r0 + ww * 16 + g, R, tq);
-    phases.reached(CtaPhases::QREGS, qf[QREG_KSTEPS - 1][0], qf[QREG_KSTEPS - 1][1], qf[QREG_KSTEPS - 1][2], qf[QREG_KSTEPS - 1][3]);
-    // Q's RoPE columns: one swizzled K-major slab in shared memory (zeros for the planted no-rope bug)
     const unsigned qrope = kv_base + STAGES * STAGE_BYTES;
 #pragma unroll
     for (int it = 0; it < BM * 8 / 128; ++it) {
       const int idx = it * 128 + wtid, row = idx >> 3, j = idx & 7;
-      uint4 v = make_uint4(0u, 0u, 0u, 0u);
-      if (BUG != KDTR_BUG_NO_ROPE && r0 + row < R)
-        v = *reinterpret_cast<const uint4*>(qb + (long long)(r0 + row) * KDTR_DK + KDTR_DV + j * 8);
-      asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(qrope + row * 128 + ((j ^ (row & 7)) * 16)),
-                   "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w));
+      kdtr::cp_async16(qrope + row * 128 + ((j ^ (row & 7)) * 16), qb + (long long)min(r0 + row, R - 1) * KDTR_DK + KDTR_DV + j * 8,
+                       BUG != KDTR_BUG_NO_ROPE && r0 + row < R);
     }
-    if (XR && has_x) {  // Q_x: rows r0 + 64 + n as 9 swizzled K-major slabs of 8 rows (zeros past R)
+    if (XR && has_x) {
       const unsigned qx = base + Smem::qx;
       for (int idx = wtid; idx < XR_MAX * SLABS * 8; idx += 128) {
         const int n = idx / (SLABS * 8), sl = (idx >> 3) % SLABS, j = idx & 7;
-        uint4 v = make_uint4(0u, 0u, 0u, 0u);
-        if (n < n_extra && !(BUG == KDTR_BUG_NO_ROPE && sl == SLABS - 1))
-          v = *reinterpret_cast<const uint4*>(qb + (long long)(r0 + BM + n) * KDTR_DK + sl * 64 + j * 8);
-        asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(qx + sl * 1024 + n * 128 + ((j ^ (n & 7)) * 16)),
-                     "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w));
+        kdtr::cp_async16(qx + sl * 1024 + n * 128 + ((j ^ (n & 7)) * 16),
+                         qb + (long long)min(r0 + BM + n, R - 1) * KDTR_DK + sl * 64 + j * 8,
+                         n < n_extra && !(BUG == KDTR_BUG_NO_ROPE && sl == SLABS - 1));
       }
     }
-    fence_async_smem();  // ordered before the first S by the tile barrier below
+    kdtr::cp_async_commit();
+    // Q's latent columns as wgmma A fragments: rows ww*16 + g (+8), k-steps 0..31
+    unsigned qf[QREG_KSTEPS][4];
+    load_q_fragments(qf, qb, r0 + ww * 16 + g, R, tq);
+    phases.reached(CtaPhases::QREGS, qf[QREG_KSTEPS - 1][0], qf[QREG_KSTEPS - 1][1], qf[QREG_KSTEPS - 1][2], qf[QREG_KSTEPS - 1][3]);
+    cp_async_wait_all_after(qf[QREG_KSTEPS - 1][3]);  // the slabs landed before Q did: ask once Q is in
+    fence_async_smem();  // the slabs (generic proxy) before the first S reads them (async proxy)
+    bar_sync(BAR_SCAN, CONSUMER_SCAN ? NTHREADS : 128);  // every producer thread's slabs (and the consumers' scan)
+    const int n_tiles = CONSUMER_SCAN ? n_pre + *n_tail_s : n_tiles_block;
+    if (CONSUMER_SCAN) phases.reached(CtaPhases::SCAN, n_tiles);
 
     const int srow0 = r0 + ww * 16 + g;  // this thread's rows: srow0 + 8 h
     const float sc = p.scale * LOG2E * (BUG == KDTR_BUG_SCALE_OFF ? 1.01f : 1.0f);
@@ -852,6 +886,24 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
     set_max_regs_dec<CONSUMER_REGS>();
     const int c = wg - 1;  // which half of O
 
+    // ---- CONSUMER_SCAN: the mbarriers and the first TMA tiles (prefix tiles: the scan cannot change them;
+    // thread 128 is the TMA issuer below), then the tail-tile scan over the 256 consumer threads ----
+    const int n_early = CONSUMER_SCAN ? min(STAGES, n_tma) : 0;  // tiles 0 .. n_early - 1 leave before the scan
+    if (CONSUMER_SCAN && tid == 128) {
+      for (int st = 0; st < STAGES; ++st) mbar_init(bars + st * 8, 1);
+      mbar_init_fence();
+      for (int t = 0; t < n_early; ++t) {  // tile t's keys kp_lo + 32 t ..: one page (TMA tiles)
+        const int j = kp_lo + t * BN;
+        const int page = p.block_table[b * p.max_pages + min(j / p.page_size, p.max_pages - 1)];
+        mbar_expect_tx(bars + t * 8, STAGE_BYTES);
+        tma_load_3d(kv_base + t * STAGE_BYTES, &kv_map, 0, (int)kdtr::kv_slot(p, page, j % p.page_size), 0, bars + t * 8);
+      }
+    }
+    const int n_tiles = CONSUMER_SCAN ? find_tail_tiles<256, BUG>(mask_b, r0, r_end, H, W, has_tail, n_pre, tid - 128, tid == 128,
+                                                                 live, tail_tiles, n_tail_s, [] { f90::bar_sync(f90::BAR_CONS, 256); })
+                                : n_tiles_block;
+    if (CONSUMER_SCAN) bar_arrive(BAR_SCAN, NTHREADS);  // the producer reads the tail tiles and waits on the mbarriers from here
+
     // Tile copies by the consumers (the producer only computes). Thread ct = tid - 128 copies key
     // ct / 8's 16-byte chunk ct % 8 of all 9 slabs: a quarter warp reads one whole 128-byte line of
     // a key row, the stores land XOR-swizzled (conflict-free). A stage is refilled only after both
@@ -906,7 +958,7 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
     // tile t is cp.async group t (empty for a TMA tile): tiles 0..STAGES-1 now, tile i+STAGES once P V(i) is done
 #pragma unroll
     for (int t = 0; t < STAGES; ++t) {
-      if (t < n_tiles) {
+      if (t < n_tiles && t >= n_early) {
         KeyRow k = key_slot(t);
         read_next_page(k, t);
         refill(t, k);

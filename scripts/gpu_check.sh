@@ -24,6 +24,8 @@
 #           and of this tree, timed one after the other on the same machine (scripts/sm90_ablate.py $AB_SHAPES)
 #   knobs : flash-sm90 -D experiment builds ($KNOBS: LABEL=OPTS;...) verified on ci, profiled per loop section
 #           (scripts/f90_profile.py), then timed
+#   prologue: the consumers' tail-tile scan under the producer's Q loads: ci (forced paths too), A/B against ab_old/, profiles
+#   prologue2: prologue's checks: ci (forced paths too), every flash test, sanitizers, A/B against ab_old/
 #   xr    : flash-sm90's transposed rows: ci (planned, then forced) + sanitizers, flash tests, timings of ab_old/ (if any),
 #           KDTR_FLASH_XR=0 and =1
 #   seg   : flash-sm90's segments: ci (planned, then forced) + every flash test + forced-path sanitizer tests, then
@@ -226,6 +228,39 @@ for mode in "${@:-check}"; do
       old_tree_timings "${AB_SHAPES:-balance}" || note "abtree: no ab_old/ tree"
       stage ab_new timeout 200 python3 scripts/sm90_ablate.py "${AB_SHAPES:-balance}" new=
       grep -v Warn "$LOGS/ab_new.log" | tail -n 40 >>"$SUMMARY"
+      ;;
+    prologue)  # session 11: the consumers' tail-tile scan while the producer loads Q at entry: ci (planned, then with
+               # transposed rows, segments and the combine launch forced), this tree against ab_old/ on $AB_SHAPES
+               # (default balance), then both trees' prologue steps (scripts/f90_profile.py decode and small)
+      ci_verify flash-sm90
+      for envs in KDTR_FLASH_XR=1 KDTR_FLASH_SEGMENTS=1 KDTR_FLASH_MERGE=0; do
+        label=$(echo "$envs" | sed 's/KDTR_FLASH_//; s/=/-/')
+        stage verify_${label}_ci env $envs timeout 90 $KDTR verify -k flash-sm90 ci --repeat 3 --json "$LOGS/verify_${label}_ci.json"
+        tail -n 1 "$LOGS/verify_${label}_ci.log" | sed "s|^|$label: |" >>"$SUMMARY"
+      done
+      old_tree_timings "${AB_SHAPES:-balance}" || note "prologue: no ab_old/ tree"
+      stage ab_new timeout 200 python3 scripts/sm90_ablate.py "${AB_SHAPES:-balance}" new=
+      grep -v Warn "$LOGS/ab_new.log" | tail -n 48 >>"$SUMMARY"
+      for set in decode small; do
+        [ -d ab_old/kdtr ] && KDTR_CACHE_DIR=$PWD/.kdtr-cache-old PYTHONPATH=$PWD/ab_old stage prof_old_$set timeout 120 \
+          python3 scripts/f90_profile.py $set
+        stage prof_new_$set timeout 120 python3 scripts/f90_profile.py $set
+      done
+      grep -h -i "prologue\|first tile\|loop\|launch" "$LOGS"/prof_*.log | head -n 60 >>"$SUMMARY"
+      ;;
+    prologue2)  # session 11, the checks after the prologue change: ci (planned and forced paths), every flash GPU test,
+                # memcheck / racecheck on ci, then this tree against ab_old/ on $AB_SHAPES (default balance)
+      ci_verify flash flash-sm90
+      for envs in KDTR_FLASH_XR=1 KDTR_FLASH_SEGMENTS=1 KDTR_FLASH_MERGE=0; do
+        label=$(echo "$envs" | sed 's/KDTR_FLASH_//; s/=/-/')
+        stage verify_${label}_ci env $envs timeout 90 $KDTR verify -k flash-sm90 ci --repeat 3 --json "$LOGS/verify_${label}_ci.json"
+        tail -n 1 "$LOGS/verify_${label}_ci.log" | sed "s|^|$label: |" >>"$SUMMARY"
+      done
+      flash_tests
+      sanitize_ci flash-sm90
+      old_tree_timings "${AB_SHAPES:-balance}" || note "prologue2: no ab_old/ tree"
+      stage ab_new timeout 200 python3 scripts/sm90_ablate.py "${AB_SHAPES:-balance}" new=
+      grep -v Warn "$LOGS/ab_new.log" | tail -n 48 >>"$SUMMARY"
       ;;
     xr)  # flash-sm90's transposed rows: ci (the plan's choice, then forced wherever they apply) with the sanitizers,
          # every flash test, then timings of ab_old/ (if any), transposed rows off and forced, on one machine
