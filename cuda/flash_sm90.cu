@@ -56,8 +56,9 @@
 //   * Hand-offs are named barriers: "P full" per stage (all 384 threads sync), "tile landed" per
 //     stage (consumers arrive after their copies land, the producer syncs; it also tells the
 //     producer the stage's P buffer is free), "consumers done" (256) and the final statistics.
-//     compute-sanitizer racecheck reports the alpha hand-off although it is ordered (a minimal
-//     kernel with the same protocol is reported too: scripts/racecheck_probe.py flash).
+//     compute-sanitizer racecheck reported the alpha hand-off although it is ordered (a minimal
+//     kernel with the same protocol is reported too: scripts/racecheck_probe.py flash); since the
+//     roles split at entry (session 11) it names no line on ci.
 //   * Registers: the producer keeps Q's 512 latent columns as A fragments (128 registers); its 64
 //     RoPE columns sit in shared memory as one more swizzled slab (the last 4 k-steps of S read
 //     both operands from shared memory).
