@@ -17,7 +17,7 @@ import safetensors
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
-from kdtr import atomic, bundle, trees
+from kdtr import atomic, bundle, bundle_header, trees
 from kdtr.atomic import atomic_write_bytes, atomic_writer
 from kdtr.bundle import Bundle, BundleError, file_sha256, load_bundle, read_meta, save_bundle, tensor_sha256
 from kdtr.problem import Problem
@@ -598,7 +598,7 @@ def test_save_ignores_caller_values_it_computes(tmp_path):
     meta = load_bundle(tmp_path / "a.kdtr").meta
     assert (meta["scale"], meta["version"], meta["kv_dtype"]) == (0.1352, 1, "fp32")
     assert meta["dims"]["B"] == B and meta["dims"]["note"] == "kept"
-    assert set(meta["checksums"]) == set(bundle.REQUIRED)
+    assert set(meta["checksums"]) == set(bundle_header.REQUIRED)
 
 
 def test_failed_write_leaves_no_file(tmp_path, monkeypatch):

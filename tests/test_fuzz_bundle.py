@@ -23,7 +23,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from kdtr import bundle
+from kdtr import bundle, bundle_header
 from kdtr.bundle import Bundle, BundleError, load_bundle, read_meta, save_bundle
 from kdtr.cases import CaseSpec
 from kdtr.generate import build_bundle
@@ -343,7 +343,7 @@ def test_lying_dims_even_when_re_signed(golden, data):
     """A dims lie in correctly re-signed metadata still disagrees with the tensors."""
     header = copy_header(golden)
     meta = json.loads(header["__metadata__"][bundle.META_KEY])
-    key = data.draw(st.sampled_from(bundle.DIM_KEYS))
+    key = data.draw(st.sampled_from(bundle_header.DIM_KEYS))
     meta["dims"][key] = data.draw(st.integers(-2, 2**63) | json_values)
     assume(meta["dims"][key] != golden.bundle.meta["dims"][key])
     header["__metadata__"] = bundle.metadata_strings(json.dumps(meta))
@@ -440,10 +440,10 @@ HOSTILE = {  # (opening, repeated unit, closing): JSON that is cheap to write an
 def test_hostile_json_header_stays_within_the_file_size(golden, kind, data_len):
     """Regression: a header of tiny JSON values cost ~25x its size in Python objects.
 
-    Headers are now limited to bundle.header_limit(data bytes): at that limit the costliest JSON
+    Headers are now limited to bundle_header.header_limit(data bytes): at that limit the costliest JSON
     stays within the memory bound, and one byte more is refused before parsing.
     """
-    limit = bundle.header_limit(data_len)
+    limit = bundle_header.header_limit(data_len)
     opening, unit, closing = HOSTILE[kind]
     room = limit - len('{"x":}') - len(opening) - len(closing)
     body = "".join(f'"{i:07d}":0,' for i in range(room // 12)) if unit is None else unit * (room // len(unit))
@@ -461,13 +461,13 @@ def test_hostile_json_header_stays_within_the_file_size(golden, kind, data_len):
 
 def test_real_headers_are_far_below_the_limit(golden, tmp_path):
     """The limit never refuses a real bundle: even 400 one-token requests leave a wide margin."""
-    assert golden.n < bundle.HEADER_BASE // 4
+    assert golden.n < bundle_header.HEADER_BASE // 4
     many = CaseSpec(heads=1, prefix_lens=(0,) * 400, family="root", budget=0, page_size=1)
     b = build_bundle(many)
     save_bundle(tmp_path / "many.kdtr", b.problem, b.out, b.lse, b.meta)
     raw = (tmp_path / "many.kdtr").read_bytes()
     (n,) = struct.unpack("<Q", raw[:8])
-    assert n > golden.n + 400 and 4 * n < bundle.header_limit(len(raw) - 8 - n)  # grows with B, stays far below
+    assert n > golden.n + 400 and 4 * n < bundle_header.header_limit(len(raw) - 8 - n)  # grows with B, stays far below
     assert load_bundle(tmp_path / "many.kdtr").problem.B == 400
 
 
@@ -475,10 +475,10 @@ def test_repeated_key_found_in_linear_time():
     """Regression: finding the repeated key was quadratic (a hostile header with many keys hung)."""
     pairs = [(f"k{i}", 0) for i in range(40000)] + [("k39999", 1)]
     t0 = time.perf_counter()
-    with pytest.raises(bundle._Invalid, match="repeated key 'k39999'"):
-        bundle._no_duplicates(pairs)
+    with pytest.raises(bundle_header.Invalid, match="repeated key 'k39999'"):
+        bundle_header._no_duplicates(pairs)
     assert time.perf_counter() - t0 < 0.5
-    assert bundle._no_duplicates([("a", 1), ("b", 2)]) == {"a": 1, "b": 2}
+    assert bundle_header._no_duplicates([("a", 1), ("b", 2)]) == {"a": 1, "b": 2}
 
 
 def test_unhashable_dtype_is_a_clean_error(golden):
