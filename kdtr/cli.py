@@ -186,25 +186,25 @@ def bench(ctx, kernels, baselines, sets, suite, peaks_only, remeasure, no_check,
     """Time kernels against the GPU's roofline and torch baselines (`kdtr bench compare A B` to diff runs)."""
     if ctx.invoked_subcommand:
         return
-    from kdtr import commands
+    from kdtr import bench_commands, commands
 
     commands.check_knobs()
-    peaks = commands.bench_peaks(remeasure)
+    peaks = bench_commands.bench_peaks(remeasure)
     if peaks_only:
         _emit({k: v for k, v in peaks.items()}, False, lambda d: click.echo(json.dumps(d, indent=1)))
         return
-    specs = commands.bench_specs(suite, sets, shape)
+    specs = bench_commands.bench_specs(suite, sets, shape)
     names = [] if baselines.strip() in ("", "none") else [b.strip() for b in baselines.split(",") if b.strip()]
-    data = commands.bench_run(specs, list(kernels), names, peaks, not no_check, devices)
+    data = bench_commands.bench_run(specs, list(kernels), names, peaks, not no_check, devices)
     if json_file:
         from kdtr.atomic import atomic_write_bytes
 
         atomic_write_bytes(json_file, (json.dumps(data, indent=1, default=str) + "\n").encode())
     if csv_file:
-        commands.write_csv(csv_file, data)
+        bench_commands.write_csv(csv_file, data)
     if plot_file:
-        commands.write_plot(plot_file, data)
-    commands.render_bench(data)
+        bench_commands.write_plot(plot_file, data)
+    bench_commands.render_bench(data)
 
 
 @bench.command("compare")
@@ -213,9 +213,9 @@ def bench(ctx, kernels, baselines, sets, suite, peaks_only, remeasure, no_check,
 @click.option("--json", "as_json", is_flag=True)
 def bench_compare(old, new, as_json):
     """Per-shape change between two `kdtr bench --json` runs, flagged beyond the measured noise."""
-    from kdtr import commands
+    from kdtr import bench_commands
 
-    _emit(commands.bench_compare(old, new), as_json, commands.render_bench_compare)
+    _emit(bench_commands.bench_compare(old, new), as_json, bench_commands.render_bench_compare)
 
 
 def _emit(data, as_json, render):
