@@ -889,15 +889,20 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
 
     // ---- CONSUMER_SCAN: the mbarriers and the first TMA tiles (prefix tiles: the scan cannot change them;
     // thread 128 is the TMA issuer below), then the tail-tile scan over the 256 consumer threads ----
+    // One TMA box: the whole tile at cache slot (page entry, in_page) into `stage`, completing on its mbarrier.
+    // Measured against 9 slab boxes from one thread, 9 from 9 lanes and 3 boxes from 3 warps: the issuing
+    // warp stalls ~650 cycles for one box, ~1150 for 9 (docs/PERF.md, session 6).
+    auto tma_box = [&](int stage, int page, int in_page) {
+      mbar_expect_tx(bars + stage * 8, STAGE_BYTES);
+      tma_load_3d(kv_base + stage * STAGE_BYTES, &kv_map, 0, (int)kdtr::kv_slot(p, page, in_page), 0, bars + stage * 8);
+    };
     const int n_early = CONSUMER_SCAN ? min(STAGES, n_tma) : 0;  // tiles 0 .. n_early - 1 leave before the scan
     if (CONSUMER_SCAN && tid == 128) {
       for (int st = 0; st < STAGES; ++st) mbar_init(bars + st * 8, 1);
       mbar_init_fence();
       for (int t = 0; t < n_early; ++t) {  // tile t's keys kp_lo + 32 t ..: one page (TMA tiles)
         const int j = kp_lo + t * BN;
-        const int page = p.block_table[b * p.max_pages + min(j / p.page_size, p.max_pages - 1)];
-        mbar_expect_tx(bars + t * 8, STAGE_BYTES);
-        tma_load_3d(kv_base + t * STAGE_BYTES, &kv_map, 0, (int)kdtr::kv_slot(p, page, j % p.page_size), 0, bars + t * 8);
+        tma_box(t, p.block_table[b * p.max_pages + min(j / p.page_size, p.max_pages - 1)], j % p.page_size);
       }
     }
     const int n_tiles = CONSUMER_SCAN ? find_tail_tiles<256, BUG>(mask_b, r0, r_end, H, W, has_tail, n_pre, tid - 128, tid == 128,
@@ -939,16 +944,9 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
 #pragma unroll
       for (int sl = 0; sl < SLABS; ++sl) kdtr::cp_async16(dst + sl * SLAB, src + sl * 64, k.in_page >= 0);
     };
-    // A TMA tile: thread 128 (key 0 of the tile, ld_key 0) arms the stage's mbarrier with the tile's
-    // bytes and issues one box of the whole tile. Measured against 9 slab boxes from one thread, 9
-    // from 9 lanes and 3 boxes from 3 warps: the issuing warp stalls ~650 cycles for one box, ~1150
-    // for 9 (docs/PERF.md, session 6).
+    // A TMA tile: thread 128 (key 0 of the tile, ld_key 0) issues its box (tma_box above).
     const bool tma_issuer = tid == 128;
-    auto tma_tile_copy = [&](int i, const KeyRow& k) {
-      const int stage = i % STAGES, row = (int)kdtr::kv_slot(p, k.page, k.in_page);  // the map's rows are slots
-      mbar_expect_tx(bars + stage * 8, STAGE_BYTES);
-      tma_load_3d(kv_base + stage * STAGE_BYTES, &kv_map, 0, row, 0, bars + stage * 8);
-    };
+    auto tma_tile_copy = [&](int i, const KeyRow& k) { tma_box(i % STAGES, k.page, k.in_page); };
     auto refill = [&](int i, const KeyRow& k) {  // every consumer thread calls it
       if (!tma_tile(i)) copy_tile(i, k);
       else if (tma_issuer) tma_tile_copy(i, k);
