@@ -100,6 +100,20 @@ old_tree_timings() {  # old_tree_timings SET: flash-sm90 of ab_old/ (an exported
   grep -v Warn "$LOGS/ab_old.log" | tail -n 48 >>"$SUMMARY"
 }
 
+ab_timings() {  # ab_timings SET [LINES]: ab_old/ (if any) and this tree's flash-sm90 on sm90_ablate.py's SET, one machine
+  old_tree_timings "$1" || note "no ab_old/ tree: this tree alone"
+  stage ab_new timeout 200 python3 scripts/sm90_ablate.py "$1" new=
+  grep -v Warn "$LOGS/ab_new.log" | tail -n "${2:-48}" >>"$SUMMARY"
+}
+
+forced_ci() {  # forced_ci: flash-sm90 on ci (--repeat 3) with transposed rows, segments and the combine launch forced
+  for envs in KDTR_FLASH_XR=1 KDTR_FLASH_SEGMENTS=1 KDTR_FLASH_MERGE=0; do
+    label=$(echo "$envs" | sed 's/KDTR_FLASH_//; s/=/-/')
+    stage verify_${label}_ci env $envs timeout 90 $KDTR verify -k flash-sm90 ci --repeat 3 --json "$LOGS/verify_${label}_ci.json"
+    tail -n 1 "$LOGS/verify_${label}_ci.log" | sed "s|^|$label: |" >>"$SUMMARY"
+  done
+}
+
 bench_sets() {  # flash-sm90 on the compute and memory shape sets against torch eager; JSON to $OUT
   for set in compute memory; do
     remeasure=$([ $set = compute ] && echo --remeasure)  # peaks measured in this call, then reused by the memory set
@@ -225,22 +239,14 @@ for mode in "${@:-check}"; do
       grep -v Warn "$LOGS/sm90_ablate.log" | tail -n 60 >>"$SUMMARY"
       ;;
     abtree)  # an older tree's flash-sm90 against this one, same machine, same shapes
-      old_tree_timings "${AB_SHAPES:-balance}" || note "abtree: no ab_old/ tree"
-      stage ab_new timeout 200 python3 scripts/sm90_ablate.py "${AB_SHAPES:-balance}" new=
-      grep -v Warn "$LOGS/ab_new.log" | tail -n 40 >>"$SUMMARY"
+      ab_timings "${AB_SHAPES:-balance}" 40
       ;;
     prologue)  # session 11: the consumers' tail-tile scan while the producer loads Q at entry: ci (planned, then with
                # transposed rows, segments and the combine launch forced), this tree against ab_old/ on $AB_SHAPES
                # (default balance), then both trees' prologue steps (scripts/f90_profile.py decode and small)
       ci_verify flash-sm90
-      for envs in KDTR_FLASH_XR=1 KDTR_FLASH_SEGMENTS=1 KDTR_FLASH_MERGE=0; do
-        label=$(echo "$envs" | sed 's/KDTR_FLASH_//; s/=/-/')
-        stage verify_${label}_ci env $envs timeout 90 $KDTR verify -k flash-sm90 ci --repeat 3 --json "$LOGS/verify_${label}_ci.json"
-        tail -n 1 "$LOGS/verify_${label}_ci.log" | sed "s|^|$label: |" >>"$SUMMARY"
-      done
-      old_tree_timings "${AB_SHAPES:-balance}" || note "prologue: no ab_old/ tree"
-      stage ab_new timeout 200 python3 scripts/sm90_ablate.py "${AB_SHAPES:-balance}" new=
-      grep -v Warn "$LOGS/ab_new.log" | tail -n 48 >>"$SUMMARY"
+      forced_ci
+      ab_timings "${AB_SHAPES:-balance}"
       for set in decode small; do
         [ -d ab_old/kdtr ] && KDTR_CACHE_DIR=$PWD/.kdtr-cache-old PYTHONPATH=$PWD/ab_old stage prof_old_$set timeout 120 \
           python3 scripts/f90_profile.py $set
@@ -251,16 +257,10 @@ for mode in "${@:-check}"; do
     prologue2)  # session 11, the checks after the prologue change: ci (planned and forced paths), every flash GPU test,
                 # memcheck / racecheck on ci, then this tree against ab_old/ on $AB_SHAPES (default balance)
       ci_verify flash flash-sm90
-      for envs in KDTR_FLASH_XR=1 KDTR_FLASH_SEGMENTS=1 KDTR_FLASH_MERGE=0; do
-        label=$(echo "$envs" | sed 's/KDTR_FLASH_//; s/=/-/')
-        stage verify_${label}_ci env $envs timeout 90 $KDTR verify -k flash-sm90 ci --repeat 3 --json "$LOGS/verify_${label}_ci.json"
-        tail -n 1 "$LOGS/verify_${label}_ci.log" | sed "s|^|$label: |" >>"$SUMMARY"
-      done
+      forced_ci
       flash_tests
       sanitize_ci flash-sm90
-      old_tree_timings "${AB_SHAPES:-balance}" || note "prologue2: no ab_old/ tree"
-      stage ab_new timeout 200 python3 scripts/sm90_ablate.py "${AB_SHAPES:-balance}" new=
-      grep -v Warn "$LOGS/ab_new.log" | tail -n 48 >>"$SUMMARY"
+      ab_timings "${AB_SHAPES:-balance}"
       ;;
     xr)  # flash-sm90's transposed rows: ci (the plan's choice, then forced wherever they apply) with the sanitizers,
          # every flash test, then timings of ab_old/ (if any), transposed rows off and forced, on one machine
