@@ -7,7 +7,6 @@ loaded from the cached cubin; Python callables get cupy arrays (or torch tensors
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass
 from functools import lru_cache
@@ -17,20 +16,16 @@ import numpy as np
 
 from kdtr import abi, nvrtc
 from kdtr.compare import POISON_BF16_BITS, POISON_F32_BITS
+from kdtr.launch_types import (  # re-exported: kdtr.launch stays the one import for callers
+    CTYPES, DEFAULT_LAUNCH, KernelRuntimeError, Launch, RunOutput, bf16_bits_to_f32, storage_bits, to_f32,
+    launch_from_constants,
+)
 
-CTYPES = {"fp32": "float", "bf16": "__nv_bfloat16"}
-"""kdtr dtype name -> the C++ type substituted for {kv} / {out} in a name expression."""
-DEFAULT_LAUNCH = (1, 128, 0, 1)
-"""kdtr_launch when a .cu file defines none: {rows_per_block, threads, smem_bytes, num_splits}."""
 _STATIC_SMEM_LIMIT = 48 * 1024
 
 
 class GpuUnavailable(RuntimeError):
     """No cupy or no CUDA device here."""
-
-
-class KernelRuntimeError(RuntimeError):
-    """A launch failed or the kernel faulted (the message is CUDA's)."""
 
 
 def _cupy():
@@ -96,51 +91,6 @@ def device_info() -> dict:
     }
 
 
-@dataclass(frozen=True)
-class Launch:
-    """How to launch one kernel on one problem."""
-
-    grid: tuple[int, int, int]
-    block: tuple[int, int, int]
-    smem_bytes: int = 0
-    """Dynamic shared memory per block."""
-    workspace_bytes: int = 0
-    """Zero-filled scratch handed to the kernel as p.workspace (0: null)."""
-    num_splits: int = 1
-
-
-def launch_from_constants(problem, consts) -> Launch:
-    """The user-kernel contract of kdtr_abi.h: grid (ceil(T*H / rows_per_block), B, num_splits)."""
-    rows_per_block, threads, smem, splits = (int(x) for x in consts)
-    if rows_per_block < 1 or not 1 <= threads <= 1024 or smem < 0 or splits < 1:
-        raise KernelRuntimeError(f"bad kdtr_launch {{{rows_per_block}, {threads}, {smem}, {splits}}}")
-    rows = problem.T * problem.H
-    return Launch(
-        grid=(math.ceil(rows / rows_per_block), problem.B, splits), block=(threads, 1, 1), smem_bytes=smem,
-        workspace_bytes=abi.workspace_bytes(problem.B, problem.T, problem.H, splits), num_splits=splits,
-    )
-
-
-@dataclass
-class RunOutput:
-    out: np.ndarray
-    """[B, T, H, 512] float32 (a bf16 output converted exactly; NaN kept)."""
-    lse: np.ndarray | None
-    """[B, T, H] float32, None for kernels that do not write it."""
-    ms: float
-    """Kernel time from CUDA events (Python callables: the whole call)."""
-
-
-def _bits(a: np.ndarray) -> np.ndarray:
-    """Storage array as uploadable raw bits: bf16 (ml_dtypes) as uint16, fp32 as is."""
-    a = np.ascontiguousarray(a)
-    return a.view(np.uint16) if a.dtype.itemsize == 2 else a
-
-
-def _bf16_bits_to_f32(u: np.ndarray) -> np.ndarray:
-    return (u.astype(np.uint32) << np.uint32(16)).view(np.float32)
-
-
 class DeviceProblem:
     """A Problem's arrays on the GPU, plus out (out dtype) and lse (fp32) buffers."""
 
@@ -150,8 +100,8 @@ class DeviceProblem:
         cp = _cupy()
         problem.validate()
         self.problem, self.out_dtype = problem, out_dtype
-        self.q = cp.asarray(_bits(problem.q))
-        self.kv_cache = cp.asarray(_bits(problem.kv_cache))
+        self.q = cp.asarray(storage_bits(problem.q))
+        self.kv_cache = cp.asarray(storage_bits(problem.kv_cache))
         self.block_table = cp.asarray(np.ascontiguousarray(problem.block_table, np.int32))
         self.prefix_lens = cp.asarray(np.ascontiguousarray(problem.prefix_lens, np.int32))
         self.tree_mask = cp.asarray(np.ascontiguousarray(problem.tree_mask, np.uint32))
@@ -212,7 +162,7 @@ class DeviceProblem:
 
     def download(self) -> tuple[np.ndarray, np.ndarray]:
         out = self.out.get()
-        return (out if self.out_dtype == "fp32" else _bf16_bits_to_f32(out)), self.lse.get()
+        return (out if self.out_dtype == "fp32" else bf16_bits_to_f32(out)), self.lse.get()
 
 
 @dataclass
@@ -406,7 +356,7 @@ class PyCallableKernel:
             raise KernelRuntimeError(f"{self.name}: {type(e).__name__}: {e}") from e
         ms = (time.perf_counter() - t0) * 1e3
         out, lse = res if isinstance(res, (tuple, list)) else (res, None)
-        return RunOutput(_to_f32(out), None if lse is None else _to_f32(lse), ms)
+        return RunOutput(to_f32(out), None if lse is None else to_f32(lse), ms)
 
     def run(self, problem, out_dtype: str) -> RunOutput:
         if self.device == "cpu":
@@ -435,19 +385,9 @@ class PyCallableKernel:
         _sync(cp, self.name)
         out, lse = res if isinstance(res, (tuple, list)) else (res, None)
         return RunOutput(
-            _to_f32(out), None if lse is None else _to_f32(lse),
+            to_f32(out), None if lse is None else to_f32(lse),
             float(cp.cuda.get_elapsed_time(start, stop)),
         )
-
-
-def _to_f32(x) -> np.ndarray:
-    """A cupy array / torch tensor / numpy array as numpy float32 (uint16/int16: bf16 bits)."""
-    if hasattr(x, "detach"):  # torch
-        return x.detach().float().cpu().numpy()
-    a = x.get() if hasattr(x, "get") and not isinstance(x, np.ndarray) else np.asarray(x)
-    if a.dtype in (np.uint16, np.int16) or a.dtype.name == "bfloat16":
-        return _bf16_bits_to_f32(a.view(np.uint16))
-    return a.astype(np.float32)
 
 
 __all__ = [

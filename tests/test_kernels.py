@@ -195,6 +195,21 @@ def test_launch_from_constants_follows_the_abi_contract():
         launch.launch_from_constants(pr, (0, 128, 0, 1))
 
 
+def test_storage_bits_and_back_are_exact():
+    """bf16 goes up as its raw bits and comes back to fp32 exactly, NaN and -0 included."""
+    from kdtr.launch_types import bf16_bits_to_f32, storage_bits, to_f32
+
+    x = np.array([1.0, -0.0, 3.140625, np.nan, -np.inf, 1e-40], np.float32).astype(ml_dtypes.bfloat16)
+    bits = storage_bits(x)
+    assert bits.dtype == np.uint16 and np.array_equal(bits, x.view(np.uint16))
+    back = bf16_bits_to_f32(bits)
+    assert np.array_equal(back.view(np.uint32), x.astype(np.float32).view(np.uint32))
+    assert np.array_equal(to_f32(x).view(np.uint32), back.view(np.uint32))
+    f = np.arange(6, dtype=np.float32).reshape(2, 3)[:, ::2]  # not contiguous
+    assert storage_bits(f).flags.c_contiguous and np.array_equal(storage_bits(f), f)
+    assert to_f32(np.array([1, 2], np.int32)).dtype == np.float32
+
+
 @pytest.mark.parametrize("base", sorted(kernels.FLASH_VARIANTS))
 def test_flash_caps_max_t_matches_the_kernel_source(base):
     import re
