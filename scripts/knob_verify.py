@@ -2,7 +2,7 @@
 count: PASS / FAIL counts and whether two runs give the same bits (`--repeat 2`). A gate for
 scripts/sm90_ablate.py and scripts/f90_profile.py experiments, not a test (tests/ cover the default build).
 
-    python3 scripts/knob_verify.py LABEL=OPTS ...     e.g. fused=-DKDTR_F90_FUSED_SOFTMAX
+    python3 scripts/knob_verify.py LABEL=OPTS ...     e.g. notma=-DKDTR_F90_NO_TMA
 """
 import sys
 

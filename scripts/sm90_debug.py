@@ -3,7 +3,7 @@
 
     python3 scripts/sm90_debug.py [KERNEL | LABEL=NVRTC-OPTS ...]   (default: flash-sm90)
 
-LABEL=OPTS builds flash-sm90 with those options (its -D experiment knobs), e.g. sw=-DKDTR_F90_SW128=1.
+LABEL=OPTS builds flash-sm90 with those options (its -D experiment knobs), e.g. notma=-DKDTR_F90_NO_TMA.
 
 lse depends on S = Q K^T alone and out on S and P V too, so the pattern says which product (and
 which warpgroup / warp) is at fault. A diagnosis aid for kernel work, not a check.
