@@ -157,6 +157,23 @@ def verify(bundles, kernel_spec, repeat, json_file, atol, rtol, rel_norm, jobs, 
     sys.exit(EXIT_FAIL if rep.failed else EXIT_OK)
 
 
+@main.command("compile")
+@click.option("-k", "--kernel", "kernels", multiple=True, default=("naive", "flash", "flash-sm90"), show_default=True,
+              help="CUDA kernel(s): built-in name (or NAME-bug=BUG) or file.cu:symbol (repeatable).")
+@click.option("--arch", default=None,
+              help="NVRTC targets, e.g. sm_80,sm_90,sm_120 [each kernel's own: sm_80/90/120; flash-sm90 sm_90a].")
+@click.option("--all-variants", is_flag=True, help="Built-ins: every planted-bug build too (what CI compiles).")
+@click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON.")
+def compile_cmd(kernels, arch, all_variants, as_json):
+    """Registers, shared memory, stack and spills per arch from ptxas, no GPU needed (exit 1 on a spill,
+    a serialized wgmma or a compile error)."""
+    from kdtr import commands
+
+    d = commands.compile_data(list(kernels), arch, all_variants)
+    _emit(d, as_json, commands.render_compile)
+    sys.exit(EXIT_FAIL if d["failed"] else EXIT_OK)
+
+
 @main.group(invoke_without_command=True)
 @click.option("-k", "--kernel", "kernels", multiple=True, default=("flash", "flash-sm90"), show_default=True,
               help="Kernel(s) to time: built-in name, file.cu:symbol or module:callable (repeatable); "

@@ -246,3 +246,38 @@ def render_verify(d: dict) -> None:
                  ["case", "BxTxH", "tree", "kv/out", "max|err| / atol", "rel-norm / bound", "worst ratio", "lse err",
                   "status", "detail"], rows, right=("max|err| / atol", "rel-norm / bound", "worst ratio", "lse err"),
                  caption=f"{counts} in {d['seconds']:.1f} s")
+
+
+# ----------------------------------------------------------------------------- compile
+
+def compile_data(specs: list[str], arch: str | None, all_variants: bool) -> dict:
+    """ptxas's resource report for each kernel spec's builds (kdtr.build_report); no GPU."""
+    from kdtr import build_report, nvrtc
+
+    archs = build_report.parse_archs(arch)
+    targets = [t for spec in specs for t in build_report.targets_for(spec, archs, all_variants)]
+    if not nvrtc.available():
+        raise ValueError("NVRTC is not installed here: pip install 'kdtr[nvrtc]'")
+    t0 = time.perf_counter()
+    rows = build_report.build_report(targets)
+    counts: dict[str, int] = {}
+    for r in rows:
+        counts[r.status.value] = counts.get(r.status.value, 0) + 1
+    return {"nvrtc": ".".join(map(str, nvrtc.version())), "rows": [r.to_json() for r in rows], "counts": counts,
+            "failed": sum(r.status.failed for r in rows), "seconds": time.perf_counter() - t0}
+
+
+def render_compile(d: dict) -> None:
+    from kdtr import report
+
+    rows = [(r["label"], report.escape(r["kernel"]), r["arch"], str(r["registers"]),
+             f"{r['shared_bytes']} + {r['dynamic_smem']} / {r['smem_limit'] or '-'}", str(r["stack_frame"]),
+             f"{r['spill_stores']}/{r['spill_loads']}", str(r["barriers"]), report.status_text(r["status"]),
+             report.escape(r["message"][:120])) for r in d["rows"]]
+    counts = ", ".join(f"{k} {v}" for k, v in sorted(d["counts"].items()))
+    report.table(f"kdtr compile (NVRTC {d['nvrtc']}; ptxas -v per build)",
+                 ["spec", "kernel", "arch", "registers", "smem B static + dynamic / limit", "stack B", "spill st/ld B",
+                  "barriers", "status", "detail"], rows,
+                 right=("registers", "smem B static + dynamic / limit", "stack B", "spill st/ld B", "barriers"),
+                 caption=f"{counts} in {d['seconds']:.1f} s")
+

@@ -64,6 +64,15 @@ class FlashVariant:
     def mt_for(self, rows: int) -> int:
         return row_tile_m(rows) if len(self.mts) > 1 else self.mts[0]
 
+    def dynamic_smem(self, name_expression: str, config: dict) -> int:
+        """Dynamic shared memory a launch of kernel ``name_expression`` asks for, from the build's
+        config array (what FlashKernel.steps passes): its row tile's SMEM_MT*; 0 for the merges."""
+        head = self.main.split("<")[0] + "<"
+        if not name_expression.startswith(head):
+            return 0
+        mt = self.mts[0] if len(self.mts) == 1 else int(name_expression[len(head):].split(",")[0])
+        return config[f"SMEM_MT{mt}"]
+
 
 MMA = FlashVariant(
     CUDA_DIR / "flash_verify.cu", "kdtr_flash_verify<{mt}, {out}, {bug}>", "kdtr_flash_config",

@@ -155,16 +155,17 @@ def builtin_names() -> list[str]:
     return list(_registry())
 
 
-def compile_targets() -> list[tuple[Path, list[str], tuple[str, ...]]]:
-    """(source, every name expression, archs) of each built-in CUDA kernel: what CI compiles."""
-    naive = [NAIVE_TEMPLATE.format(kv=CTYPES[kv], out=CTYPES[o], bug=int(b)) for kv in DTYPES for o in DTYPES for b in Bug]
+def compile_targets(bugs=tuple(Bug)) -> list[tuple[Path, list[str], tuple[str, ...]]]:
+    """(source, every name expression, archs) of each built-in CUDA kernel with planted bugs ``bugs``
+    (all of them: what CI compiles; ``(Bug.NONE,)``: the kernels as shipped, what `kdtr compile` shows)."""
+    naive = [NAIVE_TEMPLATE.format(kv=CTYPES[kv], out=CTYPES[o], bug=int(b)) for kv in DTYPES for o in DTYPES for b in bugs]
     targets = [(NAIVE_SOURCE, naive, ALL_ARCHS)]
     for variant, _ in FLASH_VARIANTS.values():
         merges = (0, 1) if variant.merges_in_kernel else (0,)
         merges += (2,) if variant.tile_ns else ()  # segments: the work table (kdtr/schedule.py)
         xrs = (0, variant.extra_rows) if variant.extra_rows else (0,)
         exprs = [variant.main.format(mt=mt, out=CTYPES[o], bug=int(b), merge=m, xr=x)
-                 for mt in variant.mts for o in DTYPES for b in Bug for m in merges for x in xrs
+                 for mt in variant.mts for o in DTYPES for b in bugs for m in merges for x in xrs
                  if not (m and x)]  # a transposed-rows tile never merges in-kernel (kdtr/flash.py)
         combine = [c.format(out=CTYPES[o]) for c in (flash.COMBINE, flash.COMBINE_ROWS) for o in DTYPES]
         if variant.tile_ns:  # takes segments: their merge too

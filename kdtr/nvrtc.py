@@ -73,12 +73,17 @@ class Resources:
     """ptxas's ``-v`` report for one kernel (an entry function) of a cubin."""
 
     registers: int = 0
+    """Registers per thread."""
     shared_bytes: int = 0
     """Static shared memory (dynamic shared memory is a launch parameter, not in here)."""
     stack_frame: int = 0
+    """Stack frame per thread, bytes (local arrays, calls, spills)."""
     spill_stores: int = 0
+    """Bytes stored to local memory because registers ran out."""
     spill_loads: int = 0
+    """Bytes loaded back from those spills."""
     barriers: int = 0
+    """Named barriers the kernel uses."""
 
 
 @dataclass

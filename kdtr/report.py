@@ -20,7 +20,7 @@ STATUS_STYLE = {
     "PASS": "bold green", "SKIPPED": "yellow", "FAIL_NUMERIC": "bold red", "NAN": "bold red",
     "UNWRITTEN": "bold red", "SHAPE": "bold red", "RACE": "bold magenta", "COMPILE_ERROR": "bold red",
     "RUNTIME_ERROR": "bold red", "TIMEOUT": "bold red", "SANITIZER": "bold red", "SAME": "bold green", "faster": "bold green", "slower": "bold red", "same": "dim",
-    "DIFFERS": "bold red",
+    "DIFFERS": "bold red", "CLEAN": "bold green", "STACK": "yellow", "SPILLS": "bold red", "WGMMA_SERIALIZED": "bold red",
 }
 
 _console = Console(highlight=False, soft_wrap=False, width=None if sys.stdout.isatty() else 200)
