@@ -44,13 +44,22 @@ def test_shipped_kernels_are_clean_and_read_their_own_launch_constants():
 
 @needs_nvrtc
 def test_config_arrays_read_from_the_cubin_match_the_python_side():
-    """The flash kernels' config arrays, read from the file (no GPU): MAX_T is the caps' max_T."""
+    """The flash kernels' config arrays, read from the file (no GPU), agree with the Python side that
+    builds their inputs: MAX_T is the caps' max_T, the work tables' widths, the TMA box."""
     for base, (variant, caps) in kernels.FLASH_VARIANTS.items():
         c = nvrtc.compile_file(variant.source, [flash.COMBINE.format(out="float")], variant.arch or "sm_80")
         cfg = dict(zip(variant.config_fields, cubin.global_ints(c.cubin, variant.config_symbol, len(variant.config_fields))))
         assert cfg["MAX_T"] == caps.max_T, base
         assert all(cfg[f"SMEM_MT{mt}"] <= 99 * 1024 for mt in variant.mts), (base, cfg)
         assert cubin.global_ints(c.cubin, "no_such_symbol", 4) is None
+        if "WORK_INTS" in cfg:  # the work / job tables kdtr/schedule.py writes for the kernel's segments
+            from kdtr.schedule import JOB_FIELDS, WORK_FIELDS
+
+            assert (cfg["WORK_INTS"], cfg["JOB_INTS"]) == (len(WORK_FIELDS), len(JOB_FIELDS))
+        if "TMA_BOX_COLS" in cfg:  # the TMA box tiles a 576-wide cache row (kdtr/tma.py)
+            from kdtr.presets import DK
+
+            assert cfg["TMA_BOX_COLS"] * cfg["TMA_BOX_SLABS"] == DK
 
 
 @needs_nvrtc
