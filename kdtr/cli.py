@@ -166,7 +166,7 @@ def verify(bundles, kernel_spec, repeat, json_file, atol, rtol, rel_norm, jobs, 
 @click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON.")
 def compile_cmd(kernels, arch, all_variants, as_json):
     """Registers, shared memory, stack and spills per arch from ptxas, no GPU needed (exit 1 on a spill,
-    a serialized wgmma or a compile error)."""
+    shared memory over the arch's limit, a serialized wgmma or a compile error)."""
     from kdtr import commands
 
     d = commands.compile_data(list(kernels), arch, all_variants)
