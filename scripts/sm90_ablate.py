@@ -8,6 +8,9 @@ builds first, `knobs` scripts/knob_verify.py).
 
     python3 scripts/sm90_ablate.py [SHAPES] [LABEL=OPTS ...]   e.g. s3="-DKDTR_F90_STAGES=3 -DKDTR_F90_EXPERIMENT"
 
+OPTS may also hold kdtr/knobs.py variables (NAME=VALUE words, e.g. s48="KDTR_FLASH_SPLITS=48"): they are
+set only while that variant's launch is planned, so one process times the plan's choice beside forced ones.
+
 SHAPES: "default" (a compute and a memory mix), "balance" (the one-wave shapes whose last split
 also walks the tree tail: B1 decode and the small compute shapes), "decode" (Kimi B1 only) or "xr"
 (Kimi T9, whose 72 rows take the transposed-rows build, and a few shapes that do not), "xrmodel" (T9
@@ -17,6 +20,8 @@ shapes a sweep moved by more than noise: an older tree against this one).
 Run with PYTHONPATH set to an exported older tree to time that tree's kernel on the same machine
 (gpu_check.sh abtree).
 """
+import contextlib
+import os
 import sys
 
 from kdtr import bench, kernels
@@ -34,6 +39,8 @@ SHAPES = {
                 + bench.grid(["deepseek-v3"], [8], [64], [8192], [1, 8]) + bench.grid(["deepseek-v3"], [8], [64], [32768], [1])
                 + bench.grid(["deepseek-v3"], [8], [256], [8192], [1])),
     "decode": bench.grid(["kimi-k2"], [8], [0, 4, 8], [32768, 131072], [1]),
+    "t9": bench.grid(["kimi-k2"], [8], [8], [32768, 131072], [1]),
+    "t15": bench.grid(["kimi-k2"], [8], [0, 4], [32768, 131072], [1]),
     "recheck": (bench.grid(["deepseek-v3"], [8], [64], [131072], [8]) + bench.grid(["deepseek-v3"], [8], [64], [32768], [1])
                 + bench.grid(["kimi-k2"], [8], [0, 4], [32768], [1])),
     "segments": (bench.grid(["deepseek-v3"], [8], [64], [8192, 32768, 131072], [1, 8]) + bench.grid(["deepseek-v3"], [8], [256], [8192], [1, 8])
@@ -46,7 +53,44 @@ SHAPES = {
 }
 shape_set = next((a for a in sys.argv[1:] if "=" not in a), "default")
 variants = dict(a.split("=", 1) for a in sys.argv[1:] if "=" in a) or DEFAULT
-impls = [kernels.flash90_build(label, o) for label, o in variants.items()]
+
+
+class WithKnobs:
+    """A flash-sm90 build whose launches are planned under some KDTR_* knob values (kdtr/knobs.py)."""
+
+    def __init__(self, kernel, knobs: dict):
+        self.kernel, self.knobs = kernel, knobs
+
+    def __getattr__(self, name):
+        return getattr(self.kernel, name)
+
+    @contextlib.contextmanager
+    def _env(self):
+        old = {k: os.environ.get(k) for k in self.knobs}
+        os.environ.update(self.knobs)
+        try:
+            yield
+        finally:
+            for k, v in old.items():
+                os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+
+    def run_on(self, dp):
+        with self._env():
+            return self.kernel.run_on(dp)
+
+    def prepare(self, dp):
+        with self._env():
+            return self.kernel.prepare(dp)
+
+
+def build(label: str, opts: str):
+    words = opts.split()
+    knobs = dict(w.split("=", 1) for w in words if w.startswith("KDTR_"))
+    kernel = kernels.flash90_build(label, " ".join(w for w in words if not w.startswith("KDTR_")))
+    return WithKnobs(kernel, knobs) if knobs else kernel
+
+
+impls = [build(label, o) for label, o in variants.items()]
 specs = SHAPES[shape_set]
 peaks = measure_peaks()
 print(f"peaks: copy {peaks['copy_gbs']:.0f} GB/s, gemm {peaks['gemm_tflops']:.0f} TFLOP/s")
