@@ -64,14 +64,20 @@ class FlashVariant:
     def mt_for(self, rows: int) -> int:
         return row_tile_m(rows) if len(self.mts) > 1 else self.mts[0]
 
+    @staticmethod
+    def launch_shape(config: dict, mt: int) -> tuple[int, int]:
+        """(threads, dynamic shared memory bytes) of the main kernel on row tile ``mt``, from the
+        build's config array."""
+        return config[f"THREADS_MT{mt}"], config[f"SMEM_MT{mt}"]
+
     def dynamic_smem(self, name_expression: str, config: dict) -> int:
-        """Dynamic shared memory a launch of kernel ``name_expression`` asks for, from the build's
-        config array (what FlashKernel.steps passes): its row tile's SMEM_MT*; 0 for the merges."""
+        """Dynamic shared memory a launch of kernel ``name_expression`` asks for (what
+        FlashKernel.steps passes): the main kernel's on its row tile; 0 for the merges."""
         head = self.main.split("<")[0] + "<"
         if not name_expression.startswith(head):
             return 0
         mt = self.mts[0] if len(self.mts) == 1 else int(name_expression[len(head):].split(",")[0])
-        return config[f"SMEM_MT{mt}"]
+        return self.launch_shape(config, mt)[1]
 
 
 MMA = FlashVariant(
@@ -316,7 +322,7 @@ class FlashKernel:
         pr, info, v, kn = dp.problem, device_info(), self.variant, FlashKnobs.from_env()
         mt = kn.mt if kn.mt in v.mts else v.mt_for(pr.T * pr.H)
         out_t, cfg = CTYPES[dp.out_dtype], self.config()
-        threads, smem = cfg[f"THREADS_MT{mt}"], cfg[f"SMEM_MT{mt}"]
+        threads, smem = v.launch_shape(cfg, mt)
         main = self._load(v.main.format(mt=mt, out=out_t, bug=self.bug, merge=0, xr=0))  # same launch bounds either way
         regs = next(iter(main.compiled.resources.values())).registers if main.compiled.resources else 255
         per_sm = occupancy(threads, regs, smem, info["regs_per_sm"], info["smem_per_sm"])
@@ -348,8 +354,8 @@ class FlashKernel:
                                f"kdtr/schedule.py writes {len(WORK_FIELDS)}/{len(JOB_FIELDS)}")
         main = self._load(v.main.format(mt=mt, out=out_t, bug=self.bug, merge=2, xr=0))
         work, jobs = seg.tables(dp.problem.prefix_lens, cfg["BN"], rows)
-        steps = [(main, (len(work), 1, 1), (cfg[f"THREADS_MT{mt}"], 1, 1), cfg[f"SMEM_MT{mt}"],
-                  (*self._tensor_map_args(dp, cfg), device_ints(work)))]
+        threads, smem = v.launch_shape(cfg, mt)
+        steps = [(main, (len(work), 1, 1), (threads, 1, 1), smem, (*self._tensor_map_args(dp, cfg), device_ints(work)))]
         if len(jobs):
             warps = cfg["COMBINE_THREADS"] // 32
             steps.append((self._load(COMBINE_JOBS.format(out=out_t, rows=rows)), (-(-rows // warps), len(jobs), 1),
