@@ -134,10 +134,11 @@ def _rows_of(target: BuildTarget, arch: str) -> list[BuildRow]:
         return [BuildRow(target.label, target.source.name, arch, BuildStatus.COMPILE_ERROR, message=first.strip())]
     serialized = nvrtc.wgmma_serialized(c.log)
     limit = SMEM_OPTIN_BYTES.get(arch, 0)
+    dynamic_smem = _dynamic_smem(target, c.cubin)
     rows = []
     for name in target.names:
         r = c.resource(name)
-        dyn = _dynamic_smem(target, c.cubin, name)
+        dyn = dynamic_smem(name)
         mine = [ln for ln in serialized if c.lowered[name] in ln or "function '" not in ln]
         if r.spill_stores or r.spill_loads:
             status, msg = BuildStatus.SPILLS, f"{r.spill_stores} B spill stores, {r.spill_loads} B spill loads"
@@ -153,13 +154,15 @@ def _rows_of(target: BuildTarget, arch: str) -> list[BuildRow]:
     return rows
 
 
-def _dynamic_smem(target: BuildTarget, elf: bytes, name: str) -> int:
-    """What a launch of kernel ``name`` passes as dynamic shared memory, read from the build itself."""
+def _dynamic_smem(target: BuildTarget, elf: bytes):
+    """name expression -> the dynamic shared memory a launch of that kernel passes, from the build's
+    config array (a flash variant) or its kdtr_launch (else 0), read from the cubin once."""
     v = target.variant
     if v is not None:
-        return v.dynamic_smem(name, dict(zip(v.config_fields, cubin.global_ints(elf, v.config_symbol, len(v.config_fields)))))
+        config = v.read_config(lambda symbol, n: cubin.global_ints(elf, symbol, n))
+        return lambda name: v.dynamic_smem(name, config)
     launch = cubin.global_ints(elf, "kdtr_launch", 4)
-    return launch[2] if launch else 0
+    return lambda name: launch[2] if launch else 0
 
 
 def build_report(targets: list[BuildTarget], jobs: int | None = None) -> list[BuildRow]:

@@ -64,6 +64,11 @@ class FlashVariant:
     def mt_for(self, rows: int) -> int:
         return row_tile_m(rows) if len(self.mts) > 1 else self.mts[0]
 
+    def read_config(self, read_ints) -> dict:
+        """The config array as {field: value}; ``read_ints(symbol, n)`` reads n ints of a global from
+        a loaded module (FlashKernel.config, on a GPU) or from a cubin file (kdtr compile, anywhere)."""
+        return dict(zip(self.config_fields, read_ints(self.config_symbol, len(self.config_fields))))
+
     @staticmethod
     def launch_shape(config: dict, mt: int) -> tuple[int, int]:
         """(threads, dynamic shared memory bytes) of the main kernel on row tile ``mt``, from the
@@ -309,7 +314,7 @@ class FlashKernel:
 
             v = self.variant
             loaded = self._load(COMBINE.format(out="float"))
-            self._config = dict(zip(v.config_fields, read_global_ints(loaded.module, v.config_symbol, len(v.config_fields))))
+            self._config = v.read_config(lambda symbol, n: read_global_ints(loaded.module, symbol, n))
         return self._config
 
     def steps(self, dp):

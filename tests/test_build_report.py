@@ -48,7 +48,7 @@ def test_config_arrays_read_from_the_cubin_match_the_python_side():
     builds their inputs: MAX_T is the caps' max_T, the work tables' widths, the TMA box."""
     for base, (variant, caps) in kernels.FLASH_VARIANTS.items():
         c = nvrtc.compile_file(variant.source, [flash.COMBINE.format(out="float")], variant.arch or "sm_80")
-        cfg = dict(zip(variant.config_fields, cubin.global_ints(c.cubin, variant.config_symbol, len(variant.config_fields))))
+        cfg = variant.read_config(lambda symbol, n: cubin.global_ints(c.cubin, symbol, n))
         assert cfg["MAX_T"] == caps.max_T, base
         assert all(cfg[f"SMEM_MT{mt}"] <= 99 * 1024 for mt in variant.mts), (base, cfg)
         assert cubin.global_ints(c.cubin, "no_such_symbol", 4) is None
