@@ -5,7 +5,10 @@
 //                                    one CTA = 64 query rows of one request (rows r = node*H + head)
 //                                    x one KV split of that request; 3 warpgroups, 384 threads. XR = 8:
 //                                    the last row tile also takes the request's 1..8 rows past a
-//                                    multiple of 64 (Kimi T9: 72 rows in one CTA).
+//                                    multiple of 64 (Kimi T9: 72 rows in one CTA). XR = 1 (XR_ONLY):
+//                                    the request's rows past a multiple of 64 (1..8) only, as transposed
+//                                    rows with no 64-row products, two CTAs to an SM: all of a Kimi
+//                                    decode request, or the tail launch beside the 64-row tiles' (T9 B1).
 //   kdtr_flash_combine<OutT>,        the split merges shared with flash_verify.cu (flash_split.cuh);
 //   kdtr_flash_combine_rows<OutT>    one-wave grids merge inside the main kernel instead (MERGE = 1);
 //   kdtr_flash_combine_jobs<OutT, 64> the merge of segments' cut jobs (below).
@@ -132,6 +135,7 @@ constexpr int BAR_SCAN = BAR_XMAX + 1;          // the producer's Q slabs landed
 // m16n8k16, A = the tile by ldmatrix.trans), so the KV tile is read once for all 72 rows instead of by
 // a second CTA.
 constexpr int XR_MAX = 8;                       // rows past BM (the wgmma N of the transposed products)
+constexpr int XR_ONLY = 1;                      // template XR = 1: every row of the CTA transposed (R <= XR_MAX, below)
 constexpr int QX_BYTES = SLABS * XR_MAX * 128;  // Q_x [8 x 576]: 9 swizzled K-major slabs of 1 KB
 constexpr int PX_BYTES = XR_MAX * BN * 2;       // one P_x buffer: bf16 [8 x 32] in 4 core matrices of 8 x 16 bytes
 constexpr int SX_REGS = 64 * XR_MAX / 128;      // 4 fp32 of S^T per producer thread
@@ -545,16 +549,21 @@ __device__ __forceinline__ int find_tail_tiles(const unsigned* mask_b, int r0, i
 // (pieces, 1, 1), kdtr/schedule.py), cut jobs merged by kdtr_flash_combine_jobs; else work is null
 // and the grid is (row tiles, splits, B). Never with XR (its row tile is the grid's last).
 template <typename OutT, int BUG, int MERGE, int XR>
-__global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const KdtrParams p,
+__global__ void __launch_bounds__(f90::NTHREADS, XR == f90::XR_ONLY ? 2 : 1) kdtr_flash90_verify(const KdtrParams p,
                                                                         const __grid_constant__ KvTensorMap kv_map,
                                                                         const int* __restrict__ work) {
   using namespace f90;
   using kdtr::LN2;
   using kdtr::LOG2E;
 
-  static_assert(XR == 0 || XR == XR_MAX, "transposed rows: none or XR_MAX");
-  static_assert(!(MERGE && XR), "a 65..72-row tile merges 260+ units: more than the plan's splits (kdtr/flash.py)");
+  static_assert(XR == 0 || XR == XR_MAX || XR == XR_ONLY, "transposed rows: none, XR_MAX past 64, or all (XR_ONLY)");
+  // transposed rows merge by the combine launch: a 65..72-row tile has 260+ units, more than the plan's
+  // splits, and at XR_ONLY's 80 registers (two CTAs per SM) the in-kernel merge spills (kdtr/flash.py)
+  static_assert(!(MERGE && XR), "transposed rows merge by the combine launch");
   constexpr bool SEGMENTS = MERGE == 2, MERGE_HERE = MERGE == 1;
+  // XONLY: the request's 1..XR_MAX rows are all transposed (one row tile): no Q fragments, no S, no P V of
+  // 64 padded rows, and the registers left (no setmaxnreg) let two CTAs share an SM, four KV tiles in flight
+  constexpr bool XONLY = XR == XR_ONLY, MAIN = !XONLY;
   extern __shared__ __align__(1024) unsigned char smem[];
   const unsigned base = kdtr::smem_addr(smem);  // Smem offsets from here; TMA and wgmma's swizzle need 1 KB alignment
   if (base & 1023u) __trap();                   // the hardware gives it (no static shared memory); stop loudly if not
@@ -576,11 +585,14 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
   const kdtr::CtaWork cw = SEGMENTS ? kdtr::segment_work<BN, BUG, BM>(p, work) : kdtr::CtaWork{};
   const int b = SEGMENTS ? cw.b : blockIdx.z, split = blockIdx.y, nsplit = p.num_splits;
   const int H = p.H, T = p.T, R = T * H, W = p.mask_words;
-  const int r0 = (SEGMENTS ? cw.rt : blockIdx.x) * BM;
+  // XONLY takes the rows past the last multiple of 64: all of a request of <= 8 rows, or the tail of one
+  // of 64 k + 1..8 rows beside a launch of its 64-row tiles (kdtr/flash.py, the tail launch)
+  const int r0 = XONLY ? (R - 1) / BM * BM : (SEGMENTS ? cw.rt : blockIdx.x) * BM;
   // the last row tile's rows past BM (transposed products); the plan leaves at most XR there
-  const int n_extra = XR && blockIdx.x == gridDim.x - 1 ? max(0, min(XR, R - r0 - BM)) : 0;
+  const int n_extra = XONLY ? min(XR_MAX, R - r0) : XR && blockIdx.x == gridDim.x - 1 ? max(0, min(XR, R - r0 - BM)) : 0;
   const bool has_x = n_extra > 0;
-  const int r_end = min(R, r0 + BM) + n_extra;  // this CTA's rows: [r0, r_end)
+  const int xrow0 = XONLY ? r0 : r0 + BM;  // the first transposed row
+  const int r_end = XONLY ? r0 + n_extra : min(R, r0 + BM) + n_extra;  // this CTA's rows: [r0, r_end)
   const int P = SEGMENTS ? cw.P : p.prefix_lens[b];
   const unsigned* mask_b = p.tree_mask + (long long)b * T * W;
 
@@ -594,7 +606,7 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
   // Q (the roles split at entry, BAR_SCAN hands the list over), so that Q's loads leave at entry
   // instead of after the scan's three barriers (docs/PERF.md, session 11). The XR build keeps the
   // block-wide scan: its consumers sit at the register limit, and every form of the split spilled.
-  constexpr bool CONSUMER_SCAN = !XR;
+  constexpr bool CONSUMER_SCAN = XR != XR_MAX;
   int n_tiles_block = 0;  // the block-wide scan's result (XR builds)
   if (!CONSUMER_SCAN) {
     if (tid == 0) {
@@ -623,7 +635,7 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
 
   if (wg == 0) {
     // =========================== producer: S = Q K^T, softmax ===========================
-    set_max_regs_inc<PRODUCER_REGS>();
+    if (MAIN) set_max_regs_inc<PRODUCER_REGS>();
 
     // Q's RoPE columns (one swizzled K-major slab; zeros for the planted no-rope bug and past R) and the
     // transposed rows' Q_x (9 slabs of 8 rows) by cp.async: in flight with the fragment loads below and
@@ -631,7 +643,7 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
     const __nv_bfloat16* qb = static_cast<const __nv_bfloat16*>(p.q) + (long long)b * R * KDTR_DK;
     const unsigned qrope = kv_base + STAGES * STAGE_BYTES;
 #pragma unroll
-    for (int it = 0; it < BM * 8 / 128; ++it) {
+    for (int it = 0; it < (MAIN ? BM * 8 / 128 : 0); ++it) {
       const int idx = it * 128 + wtid, row = idx >> 3, j = idx & 7;
       kdtr::cp_async16(qrope + row * 128 + ((j ^ (row & 7)) * 16), qb + (long long)min(r0 + row, R - 1) * KDTR_DK + KDTR_DV + j * 8,
                        BUG != KDTR_BUG_NO_ROPE && r0 + row < R);
@@ -641,16 +653,20 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
       for (int idx = wtid; idx < XR_MAX * SLABS * 8; idx += 128) {
         const int n = idx / (SLABS * 8), sl = (idx >> 3) % SLABS, j = idx & 7;
         kdtr::cp_async16(qx + sl * 1024 + n * 128 + ((j ^ (n & 7)) * 16),
-                         qb + (long long)min(r0 + BM + n, R - 1) * KDTR_DK + sl * 64 + j * 8,
+                         qb + (long long)min(xrow0 + n, R - 1) * KDTR_DK + sl * 64 + j * 8,
                          n < n_extra && !(BUG == KDTR_BUG_NO_ROPE && sl == SLABS - 1));
       }
     }
     kdtr::cp_async_commit();
     // Q's latent columns as wgmma A fragments: rows ww*16 + g (+8), k-steps 0..31
-    unsigned qf[QREG_KSTEPS][4];
-    load_q_fragments(qf, qb, r0 + ww * 16 + g, R, tq);
-    phases.reached(CtaPhases::QREGS, qf[QREG_KSTEPS - 1][0], qf[QREG_KSTEPS - 1][1], qf[QREG_KSTEPS - 1][2], qf[QREG_KSTEPS - 1][3]);
-    cp_async_wait_all_after(qf[QREG_KSTEPS - 1][3]);  // the slabs landed before Q did: ask once Q is in
+    unsigned qf[QREG_KSTEPS][4];  // XONLY: never loaded nor read (the compiler drops it)
+    if constexpr (MAIN) {
+      load_q_fragments(qf, qb, r0 + ww * 16 + g, R, tq);
+      phases.reached(CtaPhases::QREGS, qf[QREG_KSTEPS - 1][0], qf[QREG_KSTEPS - 1][1], qf[QREG_KSTEPS - 1][2], qf[QREG_KSTEPS - 1][3]);
+      cp_async_wait_all_after(qf[QREG_KSTEPS - 1][3]);  // the slabs landed before Q did: ask once Q is in
+    } else {
+      kdtr::cp_async_wait<0>();
+    }
     fence_async_smem();  // the slabs (generic proxy) before the first S reads them (async proxy)
     bar_sync(BAR_SCAN, CONSUMER_SCAN ? NTHREADS : 128);  // every producer thread's slabs (and the consumers' scan)
     const int n_tiles = CONSUMER_SCAN ? n_pre + *n_tail_s : n_tiles_block;
@@ -686,11 +702,13 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
       {
         const unsigned long long dk = desc_sw128(kv_base + stage * STAGE_BYTES, 16, 1024);
         wgmma_fence();
+        if constexpr (MAIN) {
 #pragma unroll
-        for (int ks = 0; ks < KSTEPS; ++ks) {
-          const unsigned long long d = dk + (((ks >> 2) * SLAB + (ks & 3) * 32) >> 4);
-          if (ks < QREG_KSTEPS) wgmma_m64n32k16<0>(s, qf[ks], d, ks > 0);
-          else wgmma_ss_m64n32k16(s, dq + (((ks - QREG_KSTEPS) * 32) >> 4), d, 1);
+          for (int ks = 0; ks < KSTEPS; ++ks) {
+            const unsigned long long d = dk + (((ks >> 2) * SLAB + (ks & 3) * 32) >> 4);
+            if (ks < QREG_KSTEPS) wgmma_m64n32k16<0>(s, qf[ks], d, ks > 0);
+            else wgmma_ss_m64n32k16(s, dq + (((ks - QREG_KSTEPS) * 32) >> 4), d, 1);
+          }
         }
         if (XR && has_x) {  // S^T[key, n] = K Q_x^T: the tile as A (K-major), Q_x's slab ks / 4 as B, in S's
           // group (a second group waited with wait_group 1 made ptxas serialize every wgmma)
@@ -726,15 +744,17 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
           return T - w * 32 < 32 ? v & ((1u << (T - w * 32)) - 1u) : v;  // nodes past T are never visible
         };
 #pragma unroll
-        for (int h = 0; h < 2; ++h) word[h] = row_word(srow0 + 8 * h);
+        for (int h = 0; h < 2; ++h) word[h] = MAIN ? row_word(srow0 + 8 * h) : 0u;
         if (XR && has_x && ww < 2) {
 #pragma unroll
-          for (int j = 0; j < 2; ++j) wordx[j] = 2 * tq + j < n_extra ? row_word(r0 + BM + 2 * tq + j) : 0u;
+          for (int j = 0; j < 2; ++j) wordx[j] = 2 * tq + j < n_extra ? row_word(xrow0 + 2 * tq + j) : 0u;
         }
       }
       wgmma_wait<0>();  // after the mask words' loads, so their latency hides under S
-      reg_fence(s);
+      float alpha[2] = {1.f, 1.f};
       if (XR && has_x) reg_fence(sx);
+      if (MAIN) {  // the 64 rows' masks and softmax
+      reg_fence(s);
       if (tail_tile) {
 #pragma unroll
         for (int e = 0; e < S_REGS; ++e) {
@@ -748,7 +768,7 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
           s[e] = key0 + col < kp_hi ? s[e] : kdtr::neg_inf();
         }
       }  // else a full prefix tile: every key visible
-      float alpha[2] = {1.f, 1.f}, psum[2] = {0.f, 0.f};
+      float psum[2] = {0.f, 0.f};
 #pragma unroll
       for (int h = 0; h < 2; ++h) {  // row half h holds e = 4 j + 2 h + {0, 1}, j = 0..3
         float mx = kdtr::neg_inf();
@@ -779,6 +799,7 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
       }
 #pragma unroll
       for (int h = 0; h < 2; ++h) l_run[h] = l_run[h] * alpha[h] + psum[h];
+      }  // MAIN
       // the transposed rows' softmax: sx[e] is key 16 ww + g + 8 (e / 2) of the tile, extra row
       // n = 2 tq + e % 2; warps 0 and 1 hold keys 0-15 and 16-31 and exchange their row maxima
       float ax[2] = {1.f, 1.f};
@@ -816,11 +837,11 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
       {
         const unsigned pb = kv_base + STAGES * STAGE_BYTES + QROPE_BYTES + stage * P_BYTES;
 #pragma unroll
-        for (int e = 0; e < S_REGS; e += 2) {
+        for (int e = 0; e < (MAIN ? S_REGS : 0); e += 2) {
           const int row = ww * 16 + g + 8 * ((e >> 1) & 1), j = e >> 2;
           st_shared_u32(pb + ((row >> 3) * 4 + j) * 128 + (row & 7) * 16 + tq * 4, pack_bf16(s[e], s[e + 1]));
         }
-        if (tq == 0) {
+        if (MAIN && tq == 0) {
           alpha_s[stage * ROWS + ww * 16 + g] = alpha[0];
           alpha_s[stage * ROWS + ww * 16 + g + 8] = alpha[1];
         }
@@ -869,12 +890,12 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
         for (int j = 0; j < 2; ++j) {
           const int n = 2 * tq + j;
           stats[BM + n] = l[j] > 0.f ? 1.f / l[j] : 0.f;
-          if (n < n_extra) write_lse(r0 + BM + n, mx_run[j], l[j]);
+          if (n < n_extra) write_lse(xrow0 + n, mx_run[j], l[j]);
         }
       }
     }
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
+    for (int h = 0; h < (MAIN ? 2 : 0); ++h) {
       const float l = kdtr::warp_sum<4>(l_run[h]), m = m_run[h];
       const int rl = ww * 16 + g + 8 * h, r = r0 + rl;
       if (tq == 0) stats[rl] = l > 0.f ? 1.f / l : 0.f;  // 1 / l: the consumers only multiply
@@ -884,7 +905,7 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
     bar_arrive(BAR_STATS, NTHREADS);
   } else {
     // ================= consumers: tile copies, O[:, c*256..+256] += P V =================
-    set_max_regs_dec<CONSUMER_REGS>();
+    if (MAIN) set_max_regs_dec<CONSUMER_REGS>();
     const int c = wg - 1;  // which half of O
 
     // ---- CONSUMER_SCAN: the mbarriers and the first TMA tiles (prefix tiles: the scan cannot change them;
@@ -974,7 +995,7 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
       bar_arrive(BAR_TILE, NTHREADS);
     }
 
-    float acc[O_REGS];
+    float acc[O_REGS];  // XONLY: never used (the compiler drops it)
 #pragma unroll
     for (int e = 0; e < O_REGS; ++e) acc[e] = 0.f;
     // O^T of the transposed rows, on mma.sync (m16n8k16): warp ww of consumer c owns slab 4 c + ww (64
@@ -999,8 +1020,8 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
       const int stage = i % STAGES;  // KV stage and P buffer of tile i
       bar_sync(BAR_P_FULL + stage, NTHREADS);
       laps.lap(0);
-      const float a0 = alpha_s[stage * ROWS + ww * 16 + g], a1 = alpha_s[stage * ROWS + ww * 16 + g + 8];
-      if (__any_sync(0xffffffffu, a0 != 1.f || a1 != 1.f)) {  // the max rarely moves late
+      const float a0 = MAIN ? alpha_s[stage * ROWS + ww * 16 + g] : 1.f, a1 = MAIN ? alpha_s[stage * ROWS + ww * 16 + g + 8] : 1.f;
+      if (MAIN && __any_sync(0xffffffffu, a0 != 1.f || a1 != 1.f)) {  // the max rarely moves late
 #pragma unroll
         for (int e = 0; e < O_REGS; ++e) acc[e] *= (e & 2) ? a1 : a0;
       }
@@ -1028,12 +1049,14 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
             kdtr::mma_bf16(accx[j], a, bq[2 * kk], bq[2 * kk + 1]);
           }
       };
-      wgmma_fence();
+      if (MAIN) {
+        wgmma_fence();
 #pragma unroll
-      for (int kk = 0; kk < BN / 16; ++kk)
-        wgmma_ss_m64n256k16(acc, desc_make(pb + kk * 256, 128, 512, false),
-                            desc_sw128(tile + c * 4 * SLAB + kk * 2048, SLAB, 1024), 1);
-      wgmma_commit();
+        for (int kk = 0; kk < BN / 16; ++kk)
+          wgmma_ss_m64n256k16(acc, desc_make(pb + kk * 256, 128, 512, false),
+                              desc_sw128(tile + c * 4 * SLAB + kk * 2048, SLAB, 1024), 1);
+        wgmma_commit();
+      }
       if (XR && has_x) o_t();  // under P V (before its issue or after its wait measured the same: PERF.md s7)
       if (i + 1 < n_tiles && !tma_tile(i + 1)) {  // while P V(i) runs: tile i+1 (copied STAGES-1 tiles ago) landed
         kdtr::cp_async_wait<STAGES - 2>();
@@ -1041,8 +1064,10 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
         bar_arrive(BAR_TILE + (i + 1) % STAGES, NTHREADS);
       }
       laps.lap(1);
-      wgmma_wait<0>();
-      reg_fence(acc);
+      if (MAIN) {
+        wgmma_wait<0>();
+        reg_fence(acc);
+      }
       laps.lap(2);
       if (i + STAGES < n_tiles) {  // refill tile i's stage once both consumers' P V(i) is done
         bar_sync(BAR_CONS, 256);
@@ -1076,7 +1101,7 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
     }
     bar_sync(BAR_STATS, NTHREADS);
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
+    for (int h = 0; h < (MAIN ? 2 : 0); ++h) {
       const int rl = ww * 16 + g + 8 * h, r = r0 + rl;
       if (r >= R) continue;
       const float inv = stats[rl];
@@ -1092,7 +1117,7 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
     if (XR && has_x) {  // the transposed rows, two columns per thread and step
       bar_sync(BAR_CONS, 256);  // both halves of O^T staged
       for (int idx = tid - 128; idx < n_extra * (KDTR_DV / 2); idx += 256) {
-        const int n = idx / (KDTR_DV / 2), col = 2 * (idx % (KDTR_DV / 2)), r = r0 + BM + n;
+        const int n = idx / (KDTR_DV / 2), col = 2 * (idx % (KDTR_DV / 2)), r = xrow0 + n;
         const float inv = stats[BM + n], o0 = xs[n * KDTR_DV + col] * inv, o1 = xs[n * KDTR_DV + col + 1] * inv;
         if (direct) kdtr::store2<OutT>(static_cast<OutT*>(p.out) + orow_of(r) + col, o0, o1);
         else kdtr::store2<float>(ws_o + orow_of(r) + col, o0, o1);
@@ -1108,4 +1133,8 @@ __global__ void __launch_bounds__(f90::NTHREADS, 1) kdtr_flash90_verify(const Kd
     }
     if (c == 0) phases.finish();
   }
+  // As the tail launch, XONLY runs beside the 64-row launch (dependent on it, without waiting: they share
+  // no data) and the combine launch waits for this grid alone: so no CTA of it ends before that grid has
+  // (its partials written and visible). A no-op for a launch that is not dependent.
+  if (XONLY) kdtr::pdl_wait();
 }

@@ -109,6 +109,10 @@ XR_TILE_COST = 1.8
 CTA_FIXED_TILES, XR_CTA_FIXED_TILES = 4.7, 8.6
 """Model: a CTA's prologue and epilogue in 64-row tiles, without and with transposed rows (same
 runs: ~10 000 and ~18 000 cycles)."""
+XR_ONLY = 1
+"""The {xr} template of a request of 1..extra_rows rows (Kimi decode): every row transposed, no 64-row
+products, so the build (cuda/flash_sm90.cu, XR_ONLY) is launched two CTAs to an SM. Taken where the
+64-row plan needs several waves, or where KDTR_FLASH_XR=1 forces transposed rows (plan())."""
 SEGMENT_ROWS = 64
 """Segments only for requests of 64+ rows: tile_ns and CTA_FIXED_TILES were measured on full 64-row
 tiles of the compute shapes, not on decode CTAs whose tiles wait on HBM."""
@@ -132,7 +136,11 @@ class FlashPlan:
     merge: bool = False
     """The main kernel merges the splits (one-wave grid, kernel able to); else the combine launch does."""
     xr: int = 0
-    """The {xr} template: the last row tile also takes the 1..xr rows past a multiple of 16 * mt (0: none)."""
+    """The {xr} template: the last row tile also takes the 1..xr rows past a multiple of 16 * mt (0: none;
+    XR_ONLY: the one row tile's rows are all transposed)."""
+    tail: bool = False
+    """The 1..8 rows past the last multiple of 64 run as a second, XR_ONLY launch beside the row tiles'
+    (grid (1, splits, B), launched dependent so that it starts at once on the SMs the first leaves free)."""
 
     @property
     def grid(self) -> tuple[int, int, int]:
@@ -235,7 +243,7 @@ def extra_row_tiles(rows: int, tile: int, extra_rows: int) -> tuple[int, int]:
 
 def plan(B: int, T: int, H: int, prefix_max: int, sm_count: int, bn: int, bug: int = 0, mt: int | None = None,
          ctas_per_sm: int = 1, splits: int | None = None, can_merge: bool = False, extra_rows: int = 0,
-         xr_always: bool = False, merge_units: int = 1) -> FlashPlan:
+         xr_always: bool = False, merge_units: int = 1, x_only_ctas_per_sm: int = 0, tail: str = "") -> FlashPlan:
     """Launch geometry for KV tiles of ``bn`` keys; ``mt`` / ``splits`` force the row tile / split
     count (experiments).
 
@@ -243,8 +251,29 @@ def plan(B: int, T: int, H: int, prefix_max: int, sm_count: int, bn: int, bug: i
     once (a merging CTA waits for the other splits of its row tile, which must not be waiting for
     a slot) and each split merges ``merge_units`` units at most: a second unit in a row made Kimi T9
     decode slower than the combine launch (docs/PERF.md, session 4). ``extra_rows``: the kernel's XR_MAX
-    (extra_row_tiles), taken where the cost model says it pays, or wherever it applies with ``xr_always``."""
-    rows, slots = T * H, sm_count * ctas_per_sm
+    (extra_row_tiles), taken where the cost model says it pays, or wherever it applies with ``xr_always``.
+    ``x_only_ctas_per_sm``: the XR_ONLY build's residency (0: none). A request of at most ``extra_rows`` rows
+    takes it where the 64-row plan needs more than one wave (two CTAs per SM halve the waves: Kimi T1 P128k
+    B32 2-7 % faster in three runs), or always with ``xr_always``; one-wave grids keep the 64-row build (B1:
+    its in-kernel merge, 1.3-1.9 us faster; P32k B32: 0.5-4 % faster; docs/PERF.md, session 13).
+    ``tail``: "1" runs the 1..8 rows of 64 k + 1..8 as a tail launch (FlashPlan.tail): the 64-row tiles get
+    the splits that the tail's half-SM CTAs leave room for (Kimi T9 B1: 88 instead of 66 on 132 SMs). Only
+    where forced: it measured 1.3-6.6 us slower on Kimi T9 / T17 (docs/PERF.md, session 13)."""
+    rows = T * H
+    if x_only_ctas_per_sm and tail == "1" and rows > 64 and 0 < rows % 64 <= extra_rows:
+        tiles = rows // (16 * (mt or row_tile_m(rows)))  # the 64-row launch; the tail's CTAs take 1 / x_only_ctas_per_sm of an SM each
+        s = splits or max(1, min(int(sm_count * ctas_per_sm / (B * (tiles + 1 / x_only_ctas_per_sm))),
+                                 prefix_max // MIN_KEYS_PER_SPLIT))
+        s = max(2, s) if bug == Bug.MERGE_WRONG_MAX else s
+        return FlashPlan(mt or row_tile_m(rows), tiles, s, B, False, 0, True)
+    if x_only_ctas_per_sm and 0 < rows <= extra_rows:
+        args = (B, T, H, prefix_max, sm_count, bn, bug, mt)
+        keep = plan(*args, ctas_per_sm, splits, can_merge, extra_rows, xr_always, merge_units)
+        if not xr_always and B * keep.row_tiles * keep.splits <= sm_count * ctas_per_sm:
+            return keep
+        x_only = plan(*args, x_only_ctas_per_sm, splits, merge_units=merge_units)
+        return FlashPlan(x_only.mt, 1, x_only.splits, B, False, XR_ONLY)
+    slots = sm_count * ctas_per_sm
     mt = mt or row_tile_m(rows)
     row_tiles, xr = extra_row_tiles(rows, 16 * mt, extra_rows)
     chosen = splits or choose_splits(prefix_max, T, bn, row_tiles * B, rows, B, slots)
@@ -258,7 +287,7 @@ def plan(B: int, T: int, H: int, prefix_max: int, sm_count: int, bn: int, bug: i
     if bug == Bug.MERGE_WRONG_MAX:
         splits = max(2, splits)  # the planted merge bug needs a merge
     units = min(rows, 16 * mt) * MERGE_UNITS_PER_ROW  # of the fullest row tile
-    # a tile with transposed rows never merges in-kernel (260+ units; the kernel is not built for it)
+    # transposed rows never merge in-kernel: rows past 64 make 260+ units; XR_ONLY's 80 registers spill there
     merge = can_merge and not xr and splits > 1 and units <= merge_units * splits and row_tiles * splits * B <= slots
     return FlashPlan(mt, row_tiles, splits, B, merge, xr)
 
@@ -266,14 +295,14 @@ def plan(B: int, T: int, H: int, prefix_max: int, sm_count: int, bn: int, bug: i
 def choose_segments(P, T: int, H: int, pl: FlashPlan, slots: int, bn: int, tile_ns: float, bug: int = 0,
                     force: str = "", l2_bytes: int = 0, forced_splits: bool = False):
     """The segments (kdtr/schedule.py) that replace plan ``pl``, or None to keep it. Taken where the
-    model says they save MIN_GAIN; never with the in-kernel merge or transposed rows (both find
-    their row tile by the grid) or a forced split count. ``force``: "0" never, "1" the best cut even
+    model says they save MIN_GAIN; never with the in-kernel merge, transposed rows or a tail launch (all
+    find their row tile by the grid) or a forced split count. ``force``: "0" never, "1" the best cut even
     without a gain, N >= 2 a stream-K cut every N tiles (experiments and tests). P: [B] prefix
     lengths; l2_bytes: the device's L2, which drifting cuts need the KV they cut to fit in."""
     from kdtr import schedule
 
     force = segments_knob(force)
-    if force == "0" or not tile_ns or pl.merge or pl.xr or (not force and (T * H < SEGMENT_ROWS or forced_splits)):
+    if force == "0" or not tile_ns or pl.merge or pl.xr or pl.tail or (not force and (T * H < SEGMENT_ROWS or forced_splits)):
         return None
     rows_per_tile = 16 * pl.mt
     model = {"fixed_tiles": CTA_FIXED_TILES, "ns_per_tile": tile_ns, "bytes_per_ns": COMBINE_BYTES_PER_NS,
@@ -296,16 +325,19 @@ class FlashKernel:
         self.name, self.caps, self.bug, self.variant = name, caps, int(bug), variant
         self.options = tuple(options)
         """Extra NVRTC options, e.g. the -D experiment knobs of cuda/flash_sm90.cu (docs/PERF.md)."""
-        self._fns: dict[str, object] = {}
+        self._fns: dict[tuple[str, bool], object] = {}
         self._config: dict | None = None
 
-    def _load(self, expr: str):
+    def _load(self, expr: str, dependent: bool | None = None):
+        """The loaded kernel; ``dependent`` (default: the merges, by name) launches it dependent on the step
+        before it (kdtr/pdl.py)."""
         from kdtr.launch import load_function
 
-        if expr not in self._fns:
-            self._fns[expr] = load_function(self.variant.source, expr, arch=self.variant.arch, options=self.options,
-                                            dependent=expr.startswith(DEPENDENT_PREFIX))
-        return self._fns[expr]
+        dependent = expr.startswith(DEPENDENT_PREFIX) if dependent is None else dependent
+        if (expr, dependent) not in self._fns:
+            self._fns[expr, dependent] = load_function(self.variant.source, expr, arch=self.variant.arch,
+                                                       options=self.options, dependent=dependent)
+        return self._fns[expr, dependent]
 
     def config(self) -> dict:
         """The compiled module's config array: BN, STAGES, MAX_T, smem bytes and threads per mt..."""
@@ -328,12 +360,21 @@ class FlashKernel:
         mt = kn.mt if kn.mt in v.mts else v.mt_for(pr.T * pr.H)
         out_t, cfg = CTYPES[dp.out_dtype], self.config()
         threads, smem = v.launch_shape(cfg, mt)
-        main = self._load(v.main.format(mt=mt, out=out_t, bug=self.bug, merge=0, xr=0))  # same launch bounds either way
-        regs = next(iter(main.compiled.resources.values())).registers if main.compiled.resources else 255
-        per_sm = occupancy(threads, regs, smem, info["regs_per_sm"], info["smem_per_sm"])
+
+        def resident(xr: int) -> int:  # CTAs per SM of a build (merge and segments keep the launch bounds)
+            f = self._load(v.main.format(mt=mt, out=out_t, bug=self.bug, merge=0, xr=xr))
+            regs = next(iter(f.compiled.resources.values())).registers if f.compiled.resources else 255
+            return occupancy(threads, regs, smem, info["regs_per_sm"], info["smem_per_sm"])
+
+        per_sm = resident(0)
+        # XR_ONLY: a request of <= 8 rows, or the tail launch of 64 k + 1..8 rows
+        rows, tail = pr.T * pr.H, kn.tail == "1"
+        x_only = resident(XR_ONLY) if v.extra_rows and kn.xr != "0" and (0 < rows <= v.extra_rows or tail) else 0
         can_merge = v.merges_in_kernel and kn.merge_units > 0
         pl = plan(pr.B, pr.T, pr.H, int(pr.prefix_lens.max()), info["sm_count"], cfg["BN"], self.bug, mt, per_sm,
-                  kn.splits or None, can_merge, v.extra_rows if kn.xr != "0" else 0, kn.xr == "1", kn.merge_units)
+                  kn.splits or None, can_merge, v.extra_rows if kn.xr != "0" else 0, kn.xr == "1", kn.merge_units,
+                  x_only, kn.tail)
+        main = self._load(v.main.format(mt=mt, out=out_t, bug=self.bug, merge=0, xr=0))
         if pl.merge or pl.xr:
             main = self._load(v.main.format(mt=mt, out=out_t, bug=self.bug, merge=int(pl.merge), xr=pl.xr))
         seg = choose_segments(pr.prefix_lens, pr.T, pr.H, pl, info["sm_count"] * per_sm, cfg["BN"], v.tile_ns,
@@ -342,6 +383,9 @@ class FlashKernel:
             return self._segment_steps(dp, seg, mt, out_t, cfg)
         no_work = (device_ints(np.zeros(0, np.int32)),) if v.tile_ns else ()
         steps = [(main, pl.grid, (threads, 1, 1), smem, (*self._tensor_map_args(dp, cfg), *no_work))]
+        if pl.tail:  # beside the row tiles' launch: dependent, so it starts at once (it waits only at its end)
+            tail = self._load(v.main.format(mt=mt, out=out_t, bug=self.bug, merge=0, xr=XR_ONLY), dependent=True)
+            steps.append((tail, (1, pl.splits, pr.B), (threads, 1, 1), smem, steps[0][4]))
         if pl.splits > 1 and not pl.merge:
             name, grid = combine_launch(pr.T * pr.H, pr.B, pl.splits, info["sm_count"], cfg, kn.combine)
             steps.append((self._load(name.format(out=out_t)), grid, (cfg["COMBINE_THREADS"], 1, 1), 0))

@@ -62,7 +62,11 @@ class FlashKnobs:
     combine: str = ""
     """KDTR_FLASH_COMBINE: "rows" or "split" forces that merge kernel; "" the plan's."""
     xr: str = ""
-    """KDTR_FLASH_XR: "0" transposed rows never, "1" wherever they apply, "" where the model says."""
+    """KDTR_FLASH_XR: "0" transposed rows never, "1" wherever they apply (requests of <= 8 rows: all of them,
+    XR_ONLY), "" where the model says."""
+    tail: str = ""
+    """KDTR_FLASH_TAIL: "1" the rows past 64 k as a second, XR_ONLY launch wherever they fit it (an
+    experiment: slower where measured, docs/PERF.md session 13); "" or "0" never."""
     segments: str = ""
     """KDTR_FLASH_SEGMENTS: see segments_knob."""
     pdl: bool = True
@@ -79,6 +83,7 @@ class FlashKnobs:
             merge_units=merge_knob(get("KDTR_FLASH_MERGE")),
             combine=_choice("KDTR_FLASH_COMBINE", get("KDTR_FLASH_COMBINE"), ("", "rows", "split"), "rows or split"),
             xr=_choice("KDTR_FLASH_XR", get("KDTR_FLASH_XR"), ("", "0", "1"), "0 (never) or 1 (wherever they apply)"),
+            tail=_choice("KDTR_FLASH_TAIL", get("KDTR_FLASH_TAIL"), ("", "0", "1"), "0 (never) or 1 (wherever it applies)"),
             segments=segments_knob(get("KDTR_FLASH_SEGMENTS")),
             pdl=pdl_knob(get("KDTR_PDL")),
         )

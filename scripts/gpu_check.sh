@@ -28,6 +28,7 @@
 #   prologue2: prologue's checks: ci (forced paths too), every flash test, sanitizers, A/B against ab_old/
 #   xr    : flash-sm90's transposed rows: ci (planned, then forced) + sanitizers, flash tests, timings of ab_old/ (if any),
 #           KDTR_FLASH_XR=0 and =1
+#   xonly : flash-sm90's XR_ONLY decode: ci, its GPU tests, timings as planned, KDTR_FLASH_XR=0 and =1
 #   seg   : flash-sm90's segments: ci (planned, then forced) + every flash test + forced-path sanitizer tests, then
 #           timings of ab_old/ (if any), KDTR_FLASH_SEGMENTS=0 and as planned
 #   wgmma : tensor-pipe rate of flash-sm90's wgmma chains (scripts/wgmma_probe.py)
@@ -274,6 +275,15 @@ for mode in "${@:-check}"; do
         KDTR_FLASH_XR=$x stage ab_xr$x timeout 150 python3 scripts/sm90_ablate.py xr xr$x=
         grep -v Warn "$LOGS/ab_xr$x.log" | tail -n 48 >>"$SUMMARY"
       done
+      ;;
+    xonly)  # flash-sm90's XR_ONLY decode (8 rows, all transposed, two CTAs per SM): ci and its GPU tests, then
+            # timings as planned, with transposed rows off (the 64-row build) and forced (XR_ONLY), one machine
+      ci_verify flash-sm90
+      stage pytest_xonly timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_verify.py \
+        -k "all_rows_transposed or merges_are_exact or (planted_bug_fails_ci and sm90)"
+      tail -n 3 "$LOGS/pytest_xonly.log" >>"$SUMMARY"
+      stage ab_xonly timeout 300 python3 scripts/sm90_ablate.py xonly planned= xr0=KDTR_FLASH_XR=0 xr1=KDTR_FLASH_XR=1
+      grep -v Warn "$LOGS/ab_xonly.log" | tail -n 30 >>"$SUMMARY"
       ;;
     seg)  # flash-sm90's segments (work table, kdtr/schedule.py): ci planned and forced, every flash test, ci and the
           # forced paths under the sanitizers, then timings with segments off and as planned, on one machine

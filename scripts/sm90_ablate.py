@@ -13,7 +13,8 @@ set only while that variant's launch is planned, so one process times the plan's
 
 SHAPES: "default" (a compute and a memory mix), "balance" (the one-wave shapes whose last split
 also walks the tree tail: B1 decode and the small compute shapes), "decode" (Kimi B1 only) or "xr"
-(Kimi T9, whose 72 rows take the transposed-rows build, and a few shapes that do not), "xrmodel" (T9
+(Kimi T9, whose 72 rows take the transposed-rows build, and a few shapes that do not), "tail" (Kimi requests of 64 k + 8 rows: T9 and T17, where the rows past 64 k run as a second launch), "xonly" (Kimi decode,
+whose 8 rows are all transposed (XR_ONLY) where forced or where the 64-row plan takes several waves), "xrmodel" (T9
 batches where the plan's model takes them and nothing had timed them), "segments" (the DeepSeek T65
 shapes where kdtr/schedule.py's work table replaces uniform splits, and a few it leaves), "recheck" (the
 shapes a sweep moved by more than noise: an older tree against this one).
@@ -35,6 +36,9 @@ DEFAULT = {
 SHAPES = {
     "default": (bench.grid(["deepseek-v3"], [8], [64], [8192], [1]) + bench.grid(["deepseek-v3"], [8], [256], [32768], [1])
                 + bench.grid(["kimi-k2"], [8], [0, 8], [32768], [32]) + bench.grid(["kimi-k2"], [8], [0, 8], [32768, 131072], [1])),
+    "tail": bench.grid(["kimi-k2"], [8], [8], [32768, 131072], [1]) + bench.grid(["kimi-k2"], [8], [8, 16], [32768], [2])
+            + bench.grid(["kimi-k2"], [8], [16], [32768], [1]),
+    "xonly": bench.grid(["kimi-k2"], [8], [0], [32768], [1, 32]) + bench.grid(["kimi-k2"], [8], [0], [131072], [1, 8, 16, 32]),
     "balance": (bench.grid(["kimi-k2"], [8], [0, 4, 8], [32768, 131072], [1]) + bench.grid(["kimi-k2"], [8], [0], [32768], [32])
                 + bench.grid(["deepseek-v3"], [8], [64], [8192], [1, 8]) + bench.grid(["deepseek-v3"], [8], [64], [32768], [1])
                 + bench.grid(["deepseek-v3"], [8], [256], [8192], [1])),

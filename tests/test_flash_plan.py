@@ -153,3 +153,44 @@ def test_transposed_rows_where_the_model_says_they_pay(B, P, xr):
     36.4 -> 46.4 us), where the two 64-row CTAs per split stay."""
     pl = plan(B=B, T=9, H=8, prefix_max=P, sm_count=H200_SMS, bn=BN, mt=4, can_merge=True, extra_rows=8)
     assert pl.xr == xr and pl.row_tiles == (1 if xr else 2)
+
+
+@pytest.mark.parametrize("B, P, x_only", [(1, 32768, False), (1, 131072, False), (32, 32768, False),
+                                           (32, 131072, True), (8, 131072, True), (2, 700, False)])
+def test_eight_rows_or_fewer_run_all_transposed_where_the_grid_takes_waves(B, P, x_only):
+    """Kimi decode (8 rows) takes XR_ONLY where the 64-row plan needs more than one wave (its two CTAs
+    per SM halve the waves: T1 P128k B32 measured 2-7 % faster); one-wave grids keep the 64-row build
+    (B1 merges in-kernel; docs/PERF.md session 13). Forced, XR_ONLY plans one row tile, splits for two
+    resident CTAs per SM (more splits than SMs on B1) and the combine launch (at 80 registers the build
+    cannot merge in-kernel). 9 rows and more never take it."""
+    from kdtr.flash import XR_ONLY
+
+    kw = dict(T=1, H=8, prefix_max=P, sm_count=H200_SMS, bn=BN, mt=4, can_merge=True, extra_rows=8, x_only_ctas_per_sm=2)
+    pl, base = plan(B=B, **kw), plan(B=B, **{**kw, "x_only_ctas_per_sm": 0})
+    assert (pl.xr == XR_ONLY) == x_only == (B * base.splits > H200_SMS)
+    assert pl == base or (pl.row_tiles == 1 and not pl.merge and pl.splits * B <= 2 * B * base.splits)
+    forced = plan(B=B, xr_always=True, **kw)
+    assert forced.xr == XR_ONLY and forced.row_tiles == 1 and not forced.merge
+    assert B > 1 or H200_SMS < forced.splits <= 2 * H200_SMS  # two CTAs per SM: more splits than SMs, one wave
+    kw.update(T=9, H=1)
+    assert plan(B=B, xr_always=True, **kw).xr != XR_ONLY  # 9 rows
+
+
+def test_rows_past_64k_run_as_a_tail_launch_only_where_forced():
+    """KDTR_FLASH_TAIL=1 (kdtr.flash.plan's ``tail``): instead of a second 64-row CTA per split for the 8
+    rows of Kimi T9, they run as an XR_ONLY launch beside the 64-row one (two tail CTAs per SM), and
+    the 64-row tile gets the splits their half-SMs leave room for: 88 + 88 / 2 = 132 SMs. Measured
+    slower (docs/PERF.md, session 13), so never by default."""
+    kw = dict(T=9, H=8, sm_count=H200_SMS, bn=BN, mt=4, can_merge=True, extra_rows=8, x_only_ctas_per_sm=2)
+    t9 = plan(B=1, prefix_max=32768, tail="1", **kw)
+    assert t9.tail and t9.grid == (1, 88, 1) and not t9.merge and not t9.xr
+    assert t9.workspace_bytes(9, 8) == 88 * 72 * 513 * 4 + 8
+    for tail in ("", "0"):
+        assert plan(B=1, prefix_max=32768, tail=tail, **kw) == plan(B=1, prefix_max=32768, **{**kw, "x_only_ctas_per_sm": 0})
+    assert not plan(B=1, prefix_max=32768, tail="1", **{**kw, "x_only_ctas_per_sm": 0}).tail  # no XR_ONLY build
+    assert plan(B=32, prefix_max=32768, tail="1", **kw).tail
+    t17 = plan(B=1, T=17, H=8, prefix_max=32768, sm_count=H200_SMS, bn=BN, mt=4, can_merge=True, extra_rows=8,
+               x_only_ctas_per_sm=2, tail="1")
+    assert t17.tail and t17.row_tiles == 2 and t17.splits == 52  # 2 x 52 + 52 / 2 = 130 SMs
+    kw.update(T=10)  # 80 rows: 16 past 64
+    assert not plan(B=1, prefix_max=32768, tail="1", **kw).tail

@@ -31,8 +31,11 @@ CUDA = Path(__file__).resolve().parent / "cuda"
 FAULT_BUNDLES = [GOLDENS / "kimi-h4-p0.100-chain16-pg64-bf16-s0.kdtr", GOLDENS / "dsv3-h2-p1-ddtree64m-pg1-fp32obf16-s0.kdtr"]
 """Two small ci goldens (bf16 and fp32 storage): the faulty kernels take any dtype."""
 SANITIZE_BUNDLES = [GOLDENS / "kimi-h4-p0.100-chain16-pg64-bf16-s0.kdtr", GOLDENS / "kimi-h4-p64-star16-pg1-bf16-s0.kdtr",
-                    GOLDENS / "dsv3-h16-p1.130-ddtree16m-pg64-bf16-s0.kdtr"]
-"""Three small bf16 ci goldens (flash takes bf16 only): page sizes 64 and 1, a chain, a star, a DDTree."""
+                    GOLDENS / "dsv3-h16-p1.130-ddtree16m-pg64-bf16-s0.kdtr",
+                    GOLDENS / "kimi-h8-p0.1.33.64.65.300-root-pg64-bf16-s0.kdtr",
+                    GOLDENS / "kimi-h2-p31.130-ddtree3u-pg64-bf16-s0.kdtr"]
+"""Five small bf16 ci goldens (flash takes bf16 only): page sizes 64 and 1, a chain, a star, DDTrees, and
+two of 8 rows (with transposed rows forced, flash-sm90 runs them as XR_ONLY: every row transposed)."""
 
 
 def verify(tmp_path, *args):
@@ -136,17 +139,18 @@ SM90_FORCED = {
 @pytest.mark.parametrize("tool", ["memcheck", "racecheck"])
 @pytest.mark.parametrize("path", sorted(SM90_FORCED))
 def test_flash_sm90_forced_paths_are_clean_under_the_sanitizer(tmp_path, tool, path, monkeypatch):
-    """The two 68-row bundles with flash-sm90's transposed rows, or its segments, forced on: memcheck
-    clean, racecheck naming only the known hand-offs."""
+    """The two 68-row bundles (and, for transposed rows, the two 8-row ones: XR_ONLY) with flash-sm90's
+    transposed rows, or its segments, forced on: memcheck clean, racecheck naming only the known hand-offs."""
     if device_arch() != "sm_90":
         pytest.skip(f"flash-sm90 needs an sm_90 GPU; this one is {device_arch()}")
     for key, value in SM90_FORCED[path].items():
         monkeypatch.setenv(key, value)
-    code, rep, out = verify(tmp_path, "-k", "flash-sm90", "--sanitize", tool, *SANITIZE_BUNDLES[:2])
+    bundles = SANITIZE_BUNDLES[:2] + (SANITIZE_BUNDLES[3:] if path == "transposed-rows" else [])
+    code, rep, out = verify(tmp_path, "-k", "flash-sm90", "--sanitize", tool, *bundles)
     if tool == "racecheck":
         assert_only_known_handoffs(rep)
         return
-    assert code == 0 and rep["counts"] == {"PASS": 2}, (describe(rep), out)
+    assert code == 0 and rep["counts"] == {"PASS": len(bundles)}, (describe(rep), out)
 
 
 @needs_sanitizer

@@ -69,10 +69,11 @@ def test_builtin_kernel_passes_long(name):
     assert not rep.failed, _describe(rep)
 
 
-MERGE_CASES = {  # KDTR_FLASH_MERGE, model, heads, budget, prefix lengths, the main kernel's {merge}, splits at least
-    "decode-in-kernel": ("1", "kimi-k2", 8, 0, (6000, 2500), 1, 32),
-    "decode-combine": ("0", "kimi-k2", 8, 0, (6000, 2500), 0, 32),
-    "many-rows-combine": ("1", "deepseek-v3", 16, 64, (3000, 1700), 0, 2),  # 2 x 17 row tiles: no in-kernel merge
+MERGE_CASES = {  # KDTR_FLASH_MERGE, model, heads, budget, prefix lengths, the main kernel's {merge} and {xr}, splits at least
+    "decode-in-kernel": ("1", "kimi-k2", 8, 0, (6000, 2500), 1, 0, 32),  # the 64-row build (the plan's default)
+    "decode-combine": ("0", "kimi-k2", 8, 0, (6000, 2500), 0, 0, 32),
+    "decode-xonly-combine": ("1", "kimi-k2", 8, 0, (6000, 2500), 0, 1, 32),  # XR_ONLY forced: the combine launch
+    "many-rows-combine": ("1", "deepseek-v3", 16, 64, (3000, 1700), 0, 0, 2),  # 2 x 17 row tiles: no in-kernel merge
 }
 
 
@@ -92,8 +93,9 @@ def test_flash_sm90_merges_are_exact_relaunchable_and_catch_the_merge_bug(case, 
 
     if device_arch() != "sm_90":
         pytest.skip("flash-sm90 needs an sm_90 GPU")
-    merge, model, heads, budget, prefix, main_merge, min_splits = MERGE_CASES[case]
+    merge, model, heads, budget, prefix, main_merge, xr, min_splits = MERGE_CASES[case]
     monkeypatch.setenv("KDTR_FLASH_MERGE", merge)
+    monkeypatch.setenv("KDTR_FLASH_XR", "1" if xr else "0")
     monkeypatch.setenv("KDTR_FLASH_SEGMENTS", "0")  # the uniform grid whose merge is under test
     spec = CaseSpec(model=model, heads=heads, prefix_lens=prefix, family="ddtree" if budget else "root",
                     budget=budget, page_size=64)
@@ -102,7 +104,7 @@ def test_flash_sm90_merges_are_exact_relaunchable_and_catch_the_merge_bug(case, 
     dp = DeviceProblem(prob, spec.out_dtype)
     steps, ws, splits = resolve_kernel("flash-sm90").steps(dp)
     (expr,) = steps[0][0].compiled.lowered
-    assert splits >= min_splits and len(steps) == (1 if main_merge else 2) and f", {main_merge}, 0>" in expr, expr
+    assert splits >= min_splits and len(steps) == (1 if main_merge else 2) and f", {main_merge}, {xr}>" in expr, expr
     go = make_launcher(dp, steps, ws, splits)
     go()
     once = dp.download()[0].copy()
@@ -269,6 +271,22 @@ def sm90_bug_shows(spec, bug: Bug, nodes=slice(None)) -> None:
     assert compare(buggy, want, tol).status.failed, f"{bug.slug} left nodes {nodes} right"
 
 
+def sm90_steps(monkeypatch, env: dict, heads: int, budget: int, prefix, page: int, family: str, out_dtype: str):
+    """flash-sm90's planned launches for a Kimi case with knobs ``env`` set: (spec, problem, reference
+    (out, lse), DeviceProblem, steps, workspace bytes, splits)."""
+    from kdtr.cases import CaseSpec, build_problem
+    from kdtr.launch import DeviceProblem
+    from kdtr.reference import reference
+
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    spec = CaseSpec(model="kimi-k2", heads=heads, prefix_lens=prefix, family=family, budget=budget, page_size=page,
+                    out_dtype=out_dtype)
+    prob, _ = build_problem(spec)
+    dp = DeviceProblem(prob, out_dtype)
+    return (spec, prob, reference(prob), dp, *resolve_kernel("flash-sm90").steps(dp))
+
+
 XR_CASES = {  # (heads, budget, prefix lengths, page size, tree family, out dtype, forced splits)
     "kimi-t9-split": (8, 8, (3000, 77), 64, "ddtree", "bf16", None),  # 72 rows: one CTA per split + combine
     "136-rows-page1": (8, 16, (500,), 1, "ddtree", "fp32", None),     # the second of two tiles takes 8
@@ -282,26 +300,18 @@ def test_flash_sm90_transposed_rows_match_the_reference(case, monkeypatch):
     """Requests of 64 k + 1..8 rows run their last rows as transposed products inside the last row
     tile (kdtr.flash.extra_row_tiles): the plan takes the XR build with one CTA fewer per split,
     out and lse match the reference in every row, and a relaunch gives the same bits."""
-    from kdtr.cases import CaseSpec, build_problem
-    from kdtr.launch import DeviceProblem, make_launcher
-    from kdtr.reference import reference
+    from kdtr.launch import make_launcher
 
     if device_arch() != "sm_90":
         pytest.skip("flash-sm90 needs an sm_90 GPU")
-    heads, budget, prefix, page, family, out_dtype, splits = XR_CASES[case]
-    monkeypatch.setenv("KDTR_FLASH_XR", "1")  # wherever it applies (the plan's model takes it for many requests only)
-    if splits:
-        monkeypatch.setenv("KDTR_FLASH_SPLITS", splits)
-    spec = CaseSpec(model="kimi-k2", heads=heads, prefix_lens=prefix, family=family, budget=budget, page_size=page,
-                    out_dtype=out_dtype)
-    prob, _ = build_problem(spec)
-    want_out, want_lse = reference(prob)
-    dp = DeviceProblem(prob, out_dtype)
-    steps, ws, n_splits = resolve_kernel("flash-sm90").steps(dp)
+    *shape, splits = XR_CASES[case]
+    # transposed rows wherever they apply (the plan's model takes them for many requests only)
+    spec, prob, want, dp, steps, ws, n_splits = sm90_steps(monkeypatch, {"KDTR_FLASH_XR": "1", "KDTR_FLASH_SPLITS": splits or ""},
+                                                           *shape)
     (expr,) = steps[0][0].compiled.lowered
     R = prob.T * prob.H
     assert expr.endswith(", 8>") and steps[0][1][0] == R // 64, (expr, steps[0][1])
-    relaunch_matches(dp, make_launcher(dp, steps, ws, n_splits), (want_out, want_lse), spec.kv_dtype, out_dtype)
+    relaunch_matches(dp, make_launcher(dp, steps, ws, n_splits), want, spec.kv_dtype, spec.out_dtype)
 
 
 @pytest.mark.parametrize("bug", PLANTED, ids=lambda b: b.slug)
@@ -317,6 +327,90 @@ def test_flash_sm90_transposed_rows_carry_every_planted_bug(bug: Bug, monkeypatc
     monkeypatch.setenv("KDTR_FLASH_XR", "1")
     spec = CaseSpec(model="kimi-k2", heads=8, prefix_lens=(700, 1), family="star", budget=8, page_size=64)
     sm90_bug_shows(spec, bug, slice(8, None))  # rows 64..71 are node 8
+
+
+XONLY_CASES = {  # (heads, budget, prefix lengths, page size, tree family, out dtype, forced splits)
+    "kimi-decode-edges": (8, 0, (0, 1, 31, 32, 33, 64, 65, 2500), 64, "root", "bf16", None),
+    "kimi-decode-page1-fp32-out": (8, 0, (4000, 77), 1, "root", "fp32", None),
+    "2-heads-4-nodes": (2, 3, (700, 0), 64, "ddtree", "bf16", None),
+    "8-node-chain-direct": (1, 7, (300,), 64, "chain", "bf16", "1"),  # one split: out written directly
+    "5-node-star-3splits-page1": (1, 4, (2100, 64), 1, "star", "bf16", "3"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(XONLY_CASES))
+def test_flash_sm90_all_rows_transposed_match_the_reference(case, monkeypatch):
+    """Requests of 1..8 rows (Kimi decode) run as XR_ONLY, here forced (the plan takes it only where the
+    64-row build needs several waves): one row tile whose rows are all transposed products, two CTAs per
+    SM. out and lse match the reference in every row,
+    over prefix edges, both page sizes, trees whose rows see different tail keys and one split as well
+    as several, and a relaunch gives the same bits."""
+    from kdtr.flash import XR_ONLY
+    from kdtr.launch import make_launcher
+
+    if device_arch() != "sm_90":
+        pytest.skip("flash-sm90 needs an sm_90 GPU")
+    *shape, splits = XONLY_CASES[case]
+    spec, prob, want, dp, steps, ws, n_splits = sm90_steps(monkeypatch, {"KDTR_FLASH_XR": "1", "KDTR_FLASH_SPLITS": splits or ""},
+                                                           *shape)
+    assert prob.T * prob.H <= 8
+    (expr,) = steps[0][0].compiled.lowered
+    assert expr.endswith(f", {XR_ONLY}>") and steps[0][1][0] == 1, (expr, steps[0][1])
+    assert n_splits == int(splits or n_splits) and len(steps) == (1 if n_splits == 1 else 2)
+    relaunch_matches(dp, make_launcher(dp, steps, ws, n_splits), want, spec.kv_dtype, spec.out_dtype)
+
+
+@pytest.mark.parametrize("bug", PLANTED, ids=lambda b: b.slug)
+def test_flash_sm90_all_rows_transposed_carry_every_planted_bug(bug: Bug, monkeypatch):
+    """Each planted bug shows when every row is transposed (XR_ONLY, forced): an
+    8-node star (siblings for the sibling bug), P = 700 (pages and a partial tile) and P = 1 (the
+    one prefix key the drop-key bug loses)."""
+    from kdtr.cases import CaseSpec
+
+    if device_arch() != "sm_90":
+        pytest.skip("flash-sm90 needs an sm_90 GPU")
+    monkeypatch.setenv("KDTR_FLASH_XR", "1")
+    sm90_bug_shows(CaseSpec(model="kimi-k2", heads=1, prefix_lens=(700, 1), family="star", budget=7, page_size=64), bug)
+
+
+TAIL_CASES = {  # (heads, budget, prefix lengths, page size, tree family, out dtype)
+    "kimi-t9": (8, 8, (3000,), 64, "ddtree", "bf16"),           # 64 + 8 rows
+    "kimi-t9-mixed-page1-fp32": (8, 8, (2100, 64), 1, "chain", "fp32"),
+    "136-rows": (8, 16, (500,), 64, "ddtree", "bf16"),          # two 64-row tiles + 8
+    "65-rows-no-prefix": (5, 12, (0, 40), 64, "star", "bf16"),  # one tail row; a request without prefix
+}
+
+
+@pytest.mark.parametrize("case", sorted(TAIL_CASES))
+def test_flash_sm90_tail_launch_matches_the_reference(case, monkeypatch):
+    """The rows past 64 k as a second, XR_ONLY launch beside the 64-row tiles' (launched dependent so
+    it runs at once, waiting for the first grid only before it exits): every row's out and lse match
+    the reference and a relaunch gives the same bits."""
+    from kdtr.flash import XR_ONLY
+    from kdtr.launch import make_launcher
+
+    if device_arch() != "sm_90":
+        pytest.skip("flash-sm90 needs an sm_90 GPU")
+    spec, prob, want, dp, steps, ws, n_splits = sm90_steps(monkeypatch, {"KDTR_FLASH_TAIL": "1"}, *TAIL_CASES[case])
+    (main_expr,), (tail_expr,) = steps[0][0].compiled.lowered, steps[1][0].compiled.lowered
+    R = prob.T * prob.H
+    assert main_expr.endswith(", 0, 0>") and steps[0][1] == (R // 64, n_splits, prob.B), (main_expr, steps[0][1])
+    assert tail_expr.endswith(f", 0, {XR_ONLY}>") and steps[1][0].dependent and steps[1][1] == (1, n_splits, prob.B)
+    assert len(steps) == (2 if n_splits == 1 else 3)
+    relaunch_matches(dp, make_launcher(dp, steps, ws, n_splits), want, spec.kv_dtype, spec.out_dtype)
+
+
+@pytest.mark.parametrize("bug", PLANTED, ids=lambda b: b.slug)
+def test_flash_sm90_tail_launch_carries_every_planted_bug(bug: Bug, monkeypatch):
+    """Each planted bug shows in the tail launch's rows alone (rows 64..71 of a 72-row star tree, node
+    8, whose previous node is a sibling), as for the transposed rows inside a tile."""
+    from kdtr.cases import CaseSpec
+
+    if device_arch() != "sm_90":
+        pytest.skip("flash-sm90 needs an sm_90 GPU")
+    monkeypatch.setenv("KDTR_FLASH_TAIL", "1")
+    spec = CaseSpec(model="kimi-k2", heads=8, prefix_lens=(700, 1), family="star", budget=8, page_size=64)
+    sm90_bug_shows(spec, bug, slice(8, None))
 
 
 SEGMENT_CASES = {  # (heads, budget, prefix lengths, page size, out dtype, forced cut in tiles)

@@ -15,13 +15,13 @@ from kdtr.knobs import FlashKnobs, merge_knob, pdl_knob, segments_knob
 
 def test_defaults_are_the_plans_own():
     assert FlashKnobs.from_env({}) == FlashKnobs()
-    assert FlashKnobs() == FlashKnobs(mt=0, splits=0, merge_units=1, combine="", xr="", segments="", pdl=True)
+    assert FlashKnobs() == FlashKnobs(mt=0, splits=0, merge_units=1, combine="", xr="", tail="", segments="", pdl=True)
 
 
 def test_every_documented_value_parses():
     env = {"KDTR_FLASH_MT": "2", "KDTR_FLASH_SPLITS": "7", "KDTR_FLASH_MERGE": "0", "KDTR_FLASH_COMBINE": "rows",
-           "KDTR_FLASH_XR": "1", "KDTR_FLASH_SEGMENTS": "3", "KDTR_PDL": "0"}
-    assert FlashKnobs.from_env(env) == FlashKnobs(2, 7, 0, "rows", "1", "3", False)
+           "KDTR_FLASH_XR": "1", "KDTR_FLASH_TAIL": "0", "KDTR_FLASH_SEGMENTS": "3", "KDTR_PDL": "0"}
+    assert FlashKnobs.from_env(env) == FlashKnobs(2, 7, 0, "rows", "1", "0", "3", False)
     assert [merge_knob(v) for v in ("", "0", "1", "4")] == [1, 0, 1, 4]
     assert [segments_knob(v) for v in ("", "0", "1", "2", "16")] == ["", "0", "1", "2", "16"]
     assert [pdl_knob(v) for v in ("", "1", "0")] == [True, True, False]
@@ -35,7 +35,7 @@ def test_merge_knob_says_what_it_takes(bad):
 
 @pytest.mark.parametrize("name,value", [
     ("KDTR_FLASH_MT", "3"), ("KDTR_FLASH_MT", "x"), ("KDTR_FLASH_SPLITS", "-1"), ("KDTR_FLASH_SPLITS", "7k"),
-    ("KDTR_FLASH_MERGE", "yes"), ("KDTR_FLASH_COMBINE", "warp"), ("KDTR_FLASH_XR", "2"),
+    ("KDTR_FLASH_MERGE", "yes"), ("KDTR_FLASH_COMBINE", "warp"), ("KDTR_FLASH_XR", "2"), ("KDTR_FLASH_TAIL", "yes"),
     ("KDTR_FLASH_SEGMENTS", "x"), ("KDTR_PDL", "on"), ("KDTR_PDL", " 0"),
 ])
 def test_junk_names_its_variable(name, value):

@@ -81,3 +81,15 @@ def test_every_dependent_kernel_waits_first_and_the_main_kernels_release_them():
     for src in ("flash_verify.cu", "flash_sm90.cu"):
         mains = [b for n, b in _kernel_bodies((CUDA_DIR / src).read_text()) if not n.startswith(DEPENDENT_PREFIX)]
         assert mains and all("kdtr::pdl_launch_dependents();" in b for b in mains), src
+
+
+
+def test_the_tail_launch_waits_for_the_first_grid_before_it_exits():
+    """flash-sm90's XR_ONLY build is launched dependent as the tail launch (kdtr/flash.py) and reads
+    nothing the first grid writes, so it does not wait first; the combine launch after it waits for it
+    alone, so its last statement must be the wait (else the combine could read partials of the first
+    grid still being written)."""
+    (body,) = [b for n, b in _kernel_bodies((CUDA_DIR / "flash_sm90.cu").read_text()) if not n.startswith(DEPENDENT_PREFIX)
+               and "kdtr_flash90_verify" in n]
+    last = [ln.strip() for ln in body.splitlines() if ln.strip() and not ln.strip().startswith("//")][-1]
+    assert last == "if (XONLY) kdtr::pdl_wait();"
