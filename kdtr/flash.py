@@ -258,7 +258,7 @@ def plan(B: int, T: int, H: int, prefix_max: int, sm_count: int, bn: int, bug: i
     its in-kernel merge, 1.3-1.9 us faster; P32k B32: 0.5-4 % faster; docs/PERF.md, session 13).
     ``tail``: "1" runs the 1..8 rows of 64 k + 1..8 as a tail launch (FlashPlan.tail): the 64-row tiles get
     the splits that the tail's half-SM CTAs leave room for (Kimi T9 B1: 88 instead of 66 on 132 SMs). Only
-    where forced: it measured 1.3-6.6 us slower on Kimi T9 / T17 (docs/PERF.md, session 13)."""
+    where forced: it measured 1.3-9.1 us slower on Kimi T9 / T17 (docs/PERF.md, session 13)."""
     rows = T * H
     if x_only_ctas_per_sm and tail == "1" and rows > 64 and 0 < rows % 64 <= extra_rows:
         tiles = rows // (16 * (mt or row_tile_m(rows)))  # the 64-row launch; the tail's CTAs take 1 / x_only_ctas_per_sm of an SM each
@@ -352,7 +352,7 @@ class FlashKernel:
     def steps(self, dp):
         """([(Loaded, grid, block, smem[, extra args])], workspace_bytes, num_splits): main kernel (+ combine).
 
-        The experiment knobs (kdtr/knobs.py: KDTR_FLASH_MT, _SPLITS, _MERGE, _COMBINE, _XR, _SEGMENTS)
+        The experiment knobs (kdtr/knobs.py: KDTR_FLASH_MT, _SPLITS, _MERGE, _COMBINE, _XR, _TAIL, _SEGMENTS)
         force one side of each choice below; KDTR_PDL=0 launches the combine plainly (kdtr/launch.py)."""
         from kdtr.launch import CTYPES, device_info, device_ints
 
@@ -368,8 +368,8 @@ class FlashKernel:
 
         per_sm = resident(0)
         # XR_ONLY: a request of <= 8 rows, or the tail launch of 64 k + 1..8 rows
-        rows, tail = pr.T * pr.H, kn.tail == "1"
-        x_only = resident(XR_ONLY) if v.extra_rows and kn.xr != "0" and (0 < rows <= v.extra_rows or tail) else 0
+        rows = pr.T * pr.H
+        x_only = resident(XR_ONLY) if v.extra_rows and kn.xr != "0" and (0 < rows <= v.extra_rows or kn.tail == "1") else 0
         can_merge = v.merges_in_kernel and kn.merge_units > 0
         pl = plan(pr.B, pr.T, pr.H, int(pr.prefix_lens.max()), info["sm_count"], cfg["BN"], self.bug, mt, per_sm,
                   kn.splits or None, can_merge, v.extra_rows if kn.xr != "0" else 0, kn.xr == "1", kn.merge_units,
@@ -384,8 +384,8 @@ class FlashKernel:
         no_work = (device_ints(np.zeros(0, np.int32)),) if v.tile_ns else ()
         steps = [(main, pl.grid, (threads, 1, 1), smem, (*self._tensor_map_args(dp, cfg), *no_work))]
         if pl.tail:  # beside the row tiles' launch: dependent, so it starts at once (it waits only at its end)
-            tail = self._load(v.main.format(mt=mt, out=out_t, bug=self.bug, merge=0, xr=XR_ONLY), dependent=True)
-            steps.append((tail, (1, pl.splits, pr.B), (threads, 1, 1), smem, steps[0][4]))
+            tail_fn = self._load(v.main.format(mt=mt, out=out_t, bug=self.bug, merge=0, xr=XR_ONLY), dependent=True)
+            steps.append((tail_fn, (1, pl.splits, pr.B), (threads, 1, 1), smem, steps[0][4]))
         if pl.splits > 1 and not pl.merge:
             name, grid = combine_launch(pr.T * pr.H, pr.B, pl.splits, info["sm_count"], cfg, kn.combine)
             steps.append((self._load(name.format(out=out_t)), grid, (cfg["COMBINE_THREADS"], 1, 1), 0))

@@ -194,3 +194,54 @@ def test_rows_past_64k_run_as_a_tail_launch_only_where_forced():
     assert t17.tail and t17.row_tiles == 2 and t17.splits == 52  # 2 x 52 + 52 / 2 = 130 SMs
     kw.update(T=10)  # 80 rows: 16 past 64
     assert not plan(B=1, prefix_max=32768, tail="1", **kw).tail
+
+
+def sm90_steps_on_a_faked_h200(monkeypatch, B: int, T: int, H: int, P: int, env: dict):
+    """FlashKernel.steps of flash-sm90 with the launch layer faked (no GPU): an H200's properties, loaded
+    kernels whose registers are ptxas's for their build (XR_ONLY 80, the rest 168), the config array as
+    the kernel exports it. Returns [(name expression, grid, dependent)] of the launches."""
+    import types
+
+    import numpy as np
+
+    from kdtr import launch
+    from kdtr.kernels import resolve_kernel
+
+    for key in ("KDTR_FLASH_XR", "KDTR_FLASH_TAIL", "KDTR_FLASH_SPLITS", "KDTR_FLASH_MERGE", "KDTR_FLASH_SEGMENTS"):
+        monkeypatch.setenv(key, env.get(key, ""))
+    monkeypatch.setattr(launch, "device_info", lambda: {"sm_count": H200_SMS, "regs_per_sm": 65536, "cc": "sm_90",
+                                                        "smem_per_sm": 233472, "l2_bytes": 60 << 20})
+    monkeypatch.setattr(launch, "device_ints", lambda a: a)
+
+    def load(source, expr, arch=None, options=(), dependent=False):
+        regs = 80 if expr.endswith(", 1>") else 168
+        compiled = types.SimpleNamespace(resources={"k": types.SimpleNamespace(registers=regs)}, lowered={expr: "k"})
+        return launch.Loaded(None, None, compiled, launch.DEFAULT_LAUNCH, dependent)
+
+    monkeypatch.setattr(launch, "load_function", load)
+    k = resolve_kernel("flash-sm90")
+    k._config = dict(BN=32, STAGES=2, MAX_T=1280, SMEM_MT4=101280, THREADS_MT4=384, COMBINE_THREADS=256,
+                     COMBINE_MAX_CHUNKS=4, TMA_BOX_COLS=64, TMA_BOX_SLABS=9, COMBINE_ROWS_MAX_SPLITS=32, WORK_INTS=6,
+                     JOB_INTS=4)
+    monkeypatch.setattr(k, "_tensor_map_args", lambda dp, cfg: ("tensor map",))
+    prob = types.SimpleNamespace(B=B, T=T, H=H, prefix_lens=np.full(B, P, np.int64))
+    steps, _, _ = k.steps(types.SimpleNamespace(problem=prob, out_dtype="bf16"))
+    return [(*s[0].compiled.lowered, tuple(s[1]), s[0].dependent) for s in steps]
+
+
+def test_the_planned_launches_take_each_build_where_the_plan_says(monkeypatch):
+    """From the plan to the launches (faked launch layer): Kimi decode B1 keeps the 64-row build and
+    merges in-kernel; B32 P128k takes XR_ONLY with its combine launch; T9 B1 two 64-row tiles; the
+    tail launch, forced, follows the 64-row launch dependent on it, then the combine."""
+    run = lambda *a, **env: sm90_steps_on_a_faked_h200(monkeypatch, *a, env)  # noqa: E731
+    (one,) = run(1, 1, 8, 131072)
+    assert one[0] == "kdtr_flash90_verify<__nv_bfloat16, 0, 1, 0>" and one[1][0] == 1
+    main, combine = run(32, 1, 8, 131072)
+    assert main[0] == "kdtr_flash90_verify<__nv_bfloat16, 0, 0, 1>" and main[1] == (1, 33, 32)
+    assert combine[0].startswith("kdtr_flash_combine") and combine[2]
+    assert run(32, 1, 8, 131072, KDTR_FLASH_XR="0")[0][0].endswith(", 0, 0>")
+    t9 = run(1, 9, 8, 32768)
+    assert t9[0][0].endswith(", 0, 0>") and t9[0][1][0] == 2 and len(t9) == 2
+    main, tail, combine = run(1, 9, 8, 32768, KDTR_FLASH_TAIL="1")
+    assert main[:2] == ("kdtr_flash90_verify<__nv_bfloat16, 0, 0, 0>", (1, 88, 1)) and not main[2]
+    assert tail == ("kdtr_flash90_verify<__nv_bfloat16, 0, 0, 1>", (1, 88, 1), True) and combine[2]
