@@ -40,7 +40,7 @@
 //       barrier.
 //   * Splits: partial (out, lse) merged by kdtr_flash_combine(_rows), launched dependent on this
 //     kernel (kdtr/pdl.py: it is released at entry and waits for this grid), or, on one-wave decode
-//     grids (MERGE = 1, kdtr/flash.py), inside this kernel by the last splits of each row tile to
+//     grids (MERGE = 1, kdtr/flash_plan.py), inside this kernel by the last splits of each row tile to
 //     finish (kdtr::merge_in_kernel).
 //   * Segments: where kdtr/schedule.py's model says uniform splits leave SMs idle (136 row tiles on
 //     132 SMs), the grid is a work table instead: CTA x walks the key range of its row (any tile
@@ -48,7 +48,7 @@
 //     kdtr_flash_combine_jobs.
 //   * Tree tail in the same pass: only tail tiles some row of the CTA sees are loaded; each row's
 //     mask word decides visibility. Full prefix tiles skip the mask arithmetic.
-//   * Transposed rows (XR = 8, where kdtr/flash.py's cost model says they pay: many requests): rows
+//   * Transposed rows (XR = 8, where kdtr/flash_plan.py's cost model says they pay: many requests): rows
 //     64..71 become the N of S^T = K Q_x^T (m64n8k16 wgmma in S's group, the tile as A), their
 //     softmax runs on producer warps 0-1 (keys 0-31; the two warps swap row maxima through shared
 //     memory), P_x goes to the consumers beside P, and each consumer warp adds its 64 columns of
@@ -77,7 +77,7 @@
 // How to run
 //   kdtr verify -k flash-sm90 ci     correctness on the committed goldens (needs an sm_90 GPU)
 //   kdtr bench  -k flash-sm90 --model deepseek-v3 --tp 8 --budget 64,256 --prefix 8k,32k
-//   Compiled for sm_90a only (kdtr.kernels.compile_targets); the launch plan is kdtr/flash.py's.
+//   Compiled for sm_90a only (kdtr.kernels.compile_targets); the launch plan is kdtr/flash_plan.py's.
 //   Experiment knobs (NVRTC -D): KDTR_F90_STAGES=3 or 4 with KDTR_F90_EXPERIMENT to lift the 99 KB
 //   assert (129 / 166 KB: copies one or two more tiles ahead; docs/PERF.md); KDTR_F90_PROFILE: cycles
 //   per main-loop section (and the prologue's steps) into kdtr_f90_prof (scripts/f90_profile.py);
@@ -543,8 +543,8 @@ __device__ __forceinline__ int find_tail_tiles(const unsigned* mask_b, int r0, i
 // kernels
 // ---------------------------------------------------------------------------------------------
 // MERGE = 1: the splits are merged here (kdtr::merge_in_kernel), not by kdtr_flash_combine; only for
-// one-wave grids (kdtr/flash.py). XR: 0, or XR_MAX when the last row tile takes the request's
-// 1..XR_MAX rows past a multiple of 64 as transposed rows (kdtr/flash.py decides; see XR_MAX above).
+// one-wave grids (kdtr/flash_plan.py). XR: 0, or XR_MAX when the last row tile takes the request's
+// 1..XR_MAX rows past a multiple of 64 as transposed rows (kdtr/flash_plan.py decides; see XR_MAX above).
 // MERGE = 2 (segments): the grid is the work table `work`, a row of kdtr::WORK_INTS per CTA (grid
 // (pieces, 1, 1), kdtr/schedule.py), cut jobs merged by kdtr_flash_combine_jobs; else work is null
 // and the grid is (row tiles, splits, B). Never with XR (its row tile is the grid's last).
@@ -558,7 +558,7 @@ __global__ void __launch_bounds__(f90::NTHREADS, XR == f90::XR_ONLY ? 2 : 1) kdt
 
   static_assert(XR == 0 || XR == XR_MAX || XR == XR_ONLY, "transposed rows: none, XR_MAX past 64, or all (XR_ONLY)");
   // transposed rows merge by the combine launch: a 65..72-row tile has 260+ units, more than the plan's
-  // splits, and at XR_ONLY's 80 registers (two CTAs per SM) the in-kernel merge spills (kdtr/flash.py)
+  // splits, and at XR_ONLY's 80 registers (two CTAs per SM) the in-kernel merge spills (kdtr/flash_plan.py)
   static_assert(!(MERGE && XR), "transposed rows merge by the combine launch");
   constexpr bool SEGMENTS = MERGE == 2, MERGE_HERE = MERGE == 1;
   // XONLY: the request's 1..XR_MAX rows are all transposed (one row tile): no Q fragments, no S, no P V of
@@ -586,7 +586,7 @@ __global__ void __launch_bounds__(f90::NTHREADS, XR == f90::XR_ONLY ? 2 : 1) kdt
   const int b = SEGMENTS ? cw.b : blockIdx.z, split = blockIdx.y, nsplit = p.num_splits;
   const int H = p.H, T = p.T, R = T * H, W = p.mask_words;
   // XONLY takes the rows past the last multiple of 64: all of a request of <= 8 rows, or the tail of one
-  // of 64 k + 1..8 rows beside a launch of its 64-row tiles (kdtr/flash.py, the tail launch)
+  // of 64 k + 1..8 rows beside a launch of its 64-row tiles (kdtr/flash_plan.py, the tail launch)
   const int r0 = XONLY ? (R - 1) / BM * BM : (SEGMENTS ? cw.rt : blockIdx.x) * BM;
   // the last row tile's rows past BM (transposed products); the plan leaves at most XR there
   const int n_extra = XONLY ? min(XR_MAX, R - r0) : XR && blockIdx.x == gridDim.x - 1 ? max(0, min(XR, R - r0 - BM)) : 0;

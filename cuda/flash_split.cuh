@@ -2,7 +2,7 @@
 // which keys each split walks, the planted bugs that live in that plan, and the merge of the
 // splits' partial results.
 //
-// Workspace layout written by the main kernels when num_splits > 1 (kdtr/flash.py sizes it):
+// Workspace layout written by the main kernels when num_splits > 1 (kdtr/flash_plan.py sizes it):
 //   fp32 partial out [B, splits, R, 512], then fp32 partial lse [B, splits, R] (natural log,
 //   -inf for a split that saw no key of the row), then uint32 merge counters [B, row tiles, 2]
 //   (in-kernel merge only; zero before a launch, zero again after it); R = T * H rows per request.
@@ -13,7 +13,7 @@
 // The merge runs as kdtr_flash_combine_rows<OutT> (one warp per row: many-row grids, splits <=
 // COMBINE_ROWS_MAX_SPLITS), as kdtr_flash_combine<OutT>, launched with grid (R, B, chunks <=
 // COMBINE_MAX_CHUNKS) and block 32 * COMBINE_WARPS (decode: few rows, up to hundreds of splits), or
-// inside a main kernel that calls kdtr::merge_in_kernel (flash-sm90 on one-wave grids); kdtr/flash.py
+// inside a main kernel that calls kdtr::merge_in_kernel (flash-sm90 on one-wave grids); kdtr/flash_plan.py
 // decides. The three merge kernels open with kdtr::pdl_wait(): on sm_90+ they are launched dependent
 // on the main kernel (kdtr/pdl.py), which releases them at entry, so their launch overlaps its tail.
 
@@ -112,7 +112,7 @@ __device__ __forceinline__ void for_each_tail_word(const unsigned* mask_b, int r
 }  // namespace kdtr
 
 constexpr int COMBINE_WARPS = 8;        // warps of the combine kernel (and of flash-sm90's in-kernel merge)
-constexpr int COMBINE_MAX_CHUNKS = 4;   // CTAs per row at most: column chunks (grid.z = 1, 2 or 4; kdtr/flash.py picks)
+constexpr int COMBINE_MAX_CHUNKS = 4;   // CTAs per row at most: column chunks (grid.z = 1, 2 or 4; kdtr/flash_plan.py picks)
 constexpr int COMBINE_ROWS_MAX_SPLITS = 32;  // kdtr_flash_combine_rows: lane s holds split s's lse
 constexpr int COMBINE_RED_FLOATS = COMBINE_WARPS * 129 + COMBINE_WARPS;  // shared scratch of merge_row
 // Partial rows in flight per warp in kdtr::merge_row. In-kernel merges run on one-wave grids: 8 warps
@@ -218,7 +218,7 @@ __device__ __forceinline__ void merge_row(const KdtrParams& p, int row, int b, i
 }
 
 // The merge inside a main kernel, for a grid whose CTAs are all resident at once (one wave;
-// kdtr/flash.py checks). Called by NWARPS warps (thread t: 0 .. 32 * NWARPS - 1) of every CTA of
+// kdtr/flash_plan.py checks). Called by NWARPS warps (thread t: 0 .. 32 * NWARPS - 1) of every CTA of
 // (request b, row tile rt = blockIdx.x) once this CTA's partials are written. Each CTA fences them and takes a
 // ticket; the last `mergers` to arrive merge, the others leave. The merge units are (row,
 // 128-column group) of rows [r0, r0 + nrows), unit u going to merger u % mergers. A merger waits
@@ -319,7 +319,7 @@ __device__ __forceinline__ void merge_row_warp(const float* ws_o, const float* w
 }  // namespace kdtr
 
 // One warp per output row, COMBINE_WARPS rows per CTA, grid (ceil(R / COMBINE_WARPS), B), for
-// splits <= COMBINE_ROWS_MAX_SPLITS (kdtr::merge_row_warp). kdtr/flash.py launches it where the rows
+// splits <= COMBINE_ROWS_MAX_SPLITS (kdtr::merge_row_warp). kdtr/flash_plan.py picks it where the rows
 // alone fill the GPU (compute shapes), where kdtr_flash_combine's one row per CTA waited on three
 // dependent round trips per row (docs/PERF.md, session 6: 0.75 TB/s).
 template <typename OutT>
@@ -354,7 +354,7 @@ __global__ void __launch_bounds__(32 * COMBINE_WARPS) kdtr_flash_combine_jobs(co
 
 // One CTA per (row, request, column chunk): kdtr::merge_row over the chunk's columns. Decode
 // batches (few rows) run 4 chunks so the merge streams on more SMs; large batches one, which keeps
-// the CTA count (and its fixed cost) down (kdtr/flash.py picks). Chunk 0 writes lse.
+// the CTA count (and its fixed cost) down (kdtr/flash_plan.py picks). Chunk 0 writes lse.
 // __maxnreg__, not __launch_bounds__(256): under those bounds ptxas gave it 32 registers and issued
 // each split's loads after the previous split's use (docs/PERF.md, session 9; tests/test_compile.py).
 template <typename OutT>

@@ -30,7 +30,7 @@
 // How to run
 //   kdtr verify -k flash ci          correctness on the committed goldens (needs a GPU)
 //   kdtr bench  -k flash --model deepseek-v3 --tp 8 --budget 64,256 --prefix 8k,32k
-//   The launch geometry (MT, splits, workspace) is chosen in kdtr/flash.py from the shape.
+//   The launch geometry (MT, splits, workspace) is chosen in kdtr/flash_plan.py from the shape.
 
 #include <cuda_bf16.h>
 

@@ -23,7 +23,7 @@ from typing import Callable, Protocol, runtime_checkable
 
 import numpy as np
 
-from kdtr import flash, launch
+from kdtr import flash, flash_plan, launch
 from kdtr.bugs import Bug
 from kdtr.launch import CTYPES, CudaKernel, PyCallableKernel, RunOutput
 from kdtr.nvrtc import CUDA_DIR
@@ -163,13 +163,13 @@ def compile_targets(bugs=tuple(Bug)) -> list[tuple[Path, list[str], tuple[str, .
     for variant, _ in FLASH_VARIANTS.values():
         merges = (0, 1) if variant.merges_in_kernel else (0,)
         merges += (2,) if variant.tile_ns else ()  # segments: the work table (kdtr/schedule.py)
-        xrs = (0, variant.extra_rows, flash.XR_ONLY) if variant.extra_rows else (0,)
+        xrs = (0, variant.extra_rows, flash_plan.XR_ONLY) if variant.extra_rows else (0,)
         exprs = [variant.main.format(mt=mt, out=CTYPES[o], bug=int(b), merge=m, xr=x)
                  for mt in variant.mts for o in DTYPES for b in bugs for m in merges for x in xrs
-                 if not (m and x)]  # transposed rows never merge in-kernel (kdtr/flash.py)
-        combine = [c.format(out=CTYPES[o]) for c in (flash.COMBINE, flash.COMBINE_ROWS) for o in DTYPES]
+                 if not (m and x)]  # transposed rows never merge in-kernel (kdtr/flash_plan.py)
+        combine = [c.format(out=CTYPES[o]) for c in (flash_plan.COMBINE, flash_plan.COMBINE_ROWS) for o in DTYPES]
         if variant.tile_ns:  # takes segments: their merge too
-            combine += [flash.COMBINE_JOBS.format(out=CTYPES[o], rows=16 * mt) for o in DTYPES for mt in variant.mts]
+            combine += [flash_plan.COMBINE_JOBS.format(out=CTYPES[o], rows=16 * mt) for o in DTYPES for mt in variant.mts]
         targets.append((variant.source, exprs + combine, (variant.arch,) if variant.arch else ALL_ARCHS))
     return targets
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from kdtr import build_report, cubin, flash, kernels, nvrtc
+from kdtr import build_report, cubin, flash_plan, kernels, nvrtc
 from kdtr.bugs import Bug
 from kdtr.build_report import BuildStatus
 from kdtr.cli import main
@@ -47,7 +47,7 @@ def test_config_arrays_read_from_the_cubin_match_the_python_side():
     """The flash kernels' config arrays, read from the file (no GPU), agree with the Python side that
     builds their inputs: MAX_T is the caps' max_T, the work tables' widths, the TMA box."""
     for base, (variant, caps) in kernels.FLASH_VARIANTS.items():
-        c = nvrtc.compile_file(variant.source, [flash.COMBINE.format(out="float")], variant.arch or "sm_80")
+        c = nvrtc.compile_file(variant.source, [flash_plan.COMBINE.format(out="float")], variant.arch or "sm_80")
         cfg = variant.read_config(lambda symbol, n: cubin.global_ints(c.cubin, symbol, n))
         assert cfg["MAX_T"] == caps.max_T, base
         assert all(cfg[f"SMEM_MT{mt}"] <= 99 * 1024 for mt in variant.mts), (base, cfg)

@@ -3,7 +3,7 @@
 import pytest
 
 from kdtr.bugs import Bug
-from kdtr.flash import occupancy, plan, row_tile_m
+from kdtr.flash_plan import occupancy, plan, row_tile_m
 
 H200_SMS = 132
 BN = 32  # flash-sm90's KV tile (the plan reads it from the compiled module)
@@ -66,7 +66,7 @@ def test_more_merge_units_per_split_only_when_asked():
 
 def test_combine_chunks_spread_decode_merges_only():
     """Few rows (decode) get 4 combine CTAs per row; thousands of rows keep one (fixed cost per CTA)."""
-    from kdtr.flash import combine_chunks
+    from kdtr.flash_plan import combine_chunks
 
     assert combine_chunks(8, 132, 4) == 4 and combine_chunks(72, 132, 4) == 4
     assert combine_chunks(1040, 132, 4) == 1 and combine_chunks(264, 132, 4) == 1
@@ -75,7 +75,7 @@ def test_combine_chunks_spread_decode_merges_only():
 def test_forced_split_count_keeps_the_merge_bug_floor():
     """A forced split count (KDTR_FLASH_SPLITS) replaces the chosen one; the planted merge bug still gets a merge."""
     from kdtr.bugs import Bug
-    from kdtr.flash import plan
+    from kdtr.flash_plan import plan
 
     assert plan(1, 1, 8, 32768, 132, BN, splits=33).splits == 33
     assert plan(1, 1, 8, 32768, 132, BN, bug=Bug.MERGE_WRONG_MAX, splits=1).splits == 2
@@ -85,7 +85,7 @@ def test_forced_split_count_keeps_the_merge_bug_floor():
 def test_split_ranges_cover_the_prefix_and_give_the_tail_split_fewer_keys(P, T, splits):
     """Contiguous, in order, ending at P; no split walks more tiles than the even share of prefix
     tiles + tail tiles (the last split's tail included), unless the tail alone is longer."""
-    from kdtr.flash import split_ranges, tiles_per_split
+    from kdtr.flash_plan import split_ranges, tiles_per_split
 
     r = split_ranges(P, T, splits, BN)
     assert len(r) == splits and r[0][0] == 0 and r[-1][1] == P
@@ -97,7 +97,7 @@ def test_split_ranges_cover_the_prefix_and_give_the_tail_split_fewer_keys(P, T, 
 def test_decode_split_count_counts_the_tail_tile():
     """Kimi T1 P32k: 1024 prefix tiles + 1 tail tile. 128 splits would leave the last one 9 tiles
     behind 8; the plan takes enough splits that none walks more than 8."""
-    from kdtr.flash import tiles_per_split
+    from kdtr.flash_plan import tiles_per_split
 
     pl = plan(B=1, T=1, H=8, prefix_max=32768, sm_count=H200_SMS, bn=BN, mt=4, can_merge=True)
     assert pl.splits <= H200_SMS and tiles_per_split(32768, 1, pl.splits, BN) == 8
@@ -108,7 +108,7 @@ def test_combine_launch_takes_a_warp_per_row_where_rows_fill_the_gpu():
     """Compute shapes (1040+ rows, splits that fit a lane each) merge a warp per row; decode
     batches keep the row-per-CTA merge with column chunks, and so does any split count above the
     rows kernel's limit; KDTR_FLASH_COMBINE's values force either where it can run."""
-    from kdtr.flash import COMBINE, COMBINE_ROWS, combine_launch
+    from kdtr.flash_plan import COMBINE, COMBINE_ROWS, combine_launch
 
     cfg = {"COMBINE_MAX_CHUNKS": 4, "COMBINE_ROWS_MAX_SPLITS": 32, "COMBINE_THREADS": 256}
     assert combine_launch(1040, 1, 7, H200_SMS, cfg) == (COMBINE_ROWS, (130, 1, 1))
@@ -131,7 +131,7 @@ def test_combine_launch_takes_a_warp_per_row_where_rows_fill_the_gpu():
     (72, 64, 0, (2, 0)),     # the kernel cannot: two CTAs
 ])
 def test_extra_rows_ride_in_the_last_row_tile(rows, tile, extra, expect):
-    from kdtr.flash import extra_row_tiles
+    from kdtr.flash_plan import extra_row_tiles
 
     assert extra_row_tiles(rows, tile, extra) == expect
 
@@ -148,7 +148,7 @@ def test_transposed_rows_plan_one_cta_per_split_and_never_merge_in_kernel():
 
 @pytest.mark.parametrize("B, P, xr", [(1, 32768, 0), (1, 131072, 0), (32, 32768, 8), (32, 131072, 8)])
 def test_transposed_rows_where_the_model_says_they_pay(B, P, xr):
-    """Their tiles cost ~1.8x a 64-row tile and their CTAs more set-up (measured, kdtr.flash.XR_TILE_COST):
+    """Their tiles cost ~1.8x a 64-row tile and their CTAs more set-up (measured, kdtr.flash_plan.XR_TILE_COST):
     they pay when requests fill the GPU (Kimi T9 B32: 635 -> 552 us) and not on split decode (T9 B1:
     36.4 -> 46.4 us), where the two 64-row CTAs per split stay."""
     pl = plan(B=B, T=9, H=8, prefix_max=P, sm_count=H200_SMS, bn=BN, mt=4, can_merge=True, extra_rows=8)
@@ -163,7 +163,7 @@ def test_eight_rows_or_fewer_run_all_transposed_where_the_grid_takes_waves(B, P,
     (B1 merges in-kernel; docs/PERF.md session 13). Forced, XR_ONLY plans one row tile, splits for two
     resident CTAs per SM (more splits than SMs on B1) and the combine launch (at 80 registers the build
     cannot merge in-kernel). 9 rows and more never take it."""
-    from kdtr.flash import XR_ONLY
+    from kdtr.flash_plan import XR_ONLY
 
     kw = dict(T=1, H=8, prefix_max=P, sm_count=H200_SMS, bn=BN, mt=4, can_merge=True, extra_rows=8, x_only_ctas_per_sm=2)
     pl, base = plan(B=B, **kw), plan(B=B, **{**kw, "x_only_ctas_per_sm": 0})
@@ -177,7 +177,7 @@ def test_eight_rows_or_fewer_run_all_transposed_where_the_grid_takes_waves(B, P,
 
 
 def test_rows_past_64k_run_as_a_tail_launch_only_where_forced():
-    """KDTR_FLASH_TAIL=1 (kdtr.flash.plan's ``tail``): instead of a second 64-row CTA per split for the 8
+    """KDTR_FLASH_TAIL=1 (kdtr.flash_plan.plan's ``tail``): instead of a second 64-row CTA per split for the 8
     rows of Kimi T9, they run as an XR_ONLY launch beside the 64-row one (two tail CTAs per SM), and
     the 64-row tile gets the splits their half-SMs leave room for: 88 + 88 / 2 = 132 SMs. Measured
     slower (docs/PERF.md, session 13), so never by default."""

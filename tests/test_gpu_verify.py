@@ -121,14 +121,14 @@ def test_flash_sm90_merges_are_exact_relaunchable_and_catch_the_merge_bug(case, 
 
 @pytest.mark.parametrize("name", ["flash", "flash-sm90"])
 def test_split_partials_cover_the_keys_python_says(name, monkeypatch):
-    """Each split's partial lse (workspace) equals the lse over the keys kdtr.flash.split_ranges
+    """Each split's partial lse (workspace) equals the lse over the keys kdtr.flash_plan.split_ranges
     gives that split (+ the tree tail for the last): the plan's cost model and the kernels' split
     partition (cuda/flash_split.cuh) are one rule written twice, checked here. A shifted boundary
     of one 16-key tile moves a split's lse by ~0.01-0.1; the bound is 2e-3."""
     import numpy as np
 
     from kdtr.cases import CaseSpec, build_problem
-    from kdtr.flash import split_ranges
+    from kdtr.flash_plan import split_ranges
     from kdtr.launch import DeviceProblem, make_launcher
     from kdtr.presets import DK
     from kdtr.trees import unpack_mask
@@ -212,7 +212,7 @@ def test_both_combine_kernels_merge_exactly_and_catch_the_merge_bug(name, combin
 
     from kdtr.cases import CaseSpec, build_problem
     from kdtr.compare import compare
-    from kdtr.flash import COMBINE, COMBINE_ROWS
+    from kdtr.flash_plan import COMBINE, COMBINE_ROWS
     from kdtr.launch import DeviceProblem, make_launcher
     from kdtr.reference import reference
     from kdtr.tolerances import default
@@ -298,7 +298,7 @@ XR_CASES = {  # (heads, budget, prefix lengths, page size, tree family, out dtyp
 @pytest.mark.parametrize("case", sorted(XR_CASES))
 def test_flash_sm90_transposed_rows_match_the_reference(case, monkeypatch):
     """Requests of 64 k + 1..8 rows run their last rows as transposed products inside the last row
-    tile (kdtr.flash.extra_row_tiles): the plan takes the XR build with one CTA fewer per split,
+    tile (kdtr.flash_plan.extra_row_tiles): the plan takes the XR build with one CTA fewer per split,
     out and lse match the reference in every row, and a relaunch gives the same bits."""
     from kdtr.launch import make_launcher
 
@@ -345,7 +345,7 @@ def test_flash_sm90_all_rows_transposed_match_the_reference(case, monkeypatch):
     SM. out and lse match the reference in every row,
     over prefix edges, both page sizes, trees whose rows see different tail keys and one split as well
     as several, and a relaunch gives the same bits."""
-    from kdtr.flash import XR_ONLY
+    from kdtr.flash_plan import XR_ONLY
     from kdtr.launch import make_launcher
 
     if device_arch() != "sm_90":
@@ -386,7 +386,7 @@ def test_flash_sm90_tail_launch_matches_the_reference(case, monkeypatch):
     """The rows past 64 k as a second, XR_ONLY launch beside the 64-row tiles' (launched dependent so
     it runs at once, waiting for the first grid only before it exits): every row's out and lse match
     the reference and a relaunch gives the same bits."""
-    from kdtr.flash import XR_ONLY
+    from kdtr.flash_plan import XR_ONLY
     from kdtr.launch import make_launcher
 
     if device_arch() != "sm_90":

@@ -9,7 +9,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from kdtr import flash, kernels, launch
+from kdtr import flash_plan, kernels, launch
 from kdtr.bugs import PLANTED, Bug
 from kdtr.kernels import Caps, KernelSpecError, resolve_kernel
 from kdtr.presets import DK
@@ -145,7 +145,7 @@ def test_compile_targets_cover_every_variant():
     # + 2 x 3 combines
     assert len(by_file["flash_sm90.cu"][0]) == 2 * 5 * len(Bug) + 6
     assert "kdtr_flash90_verify<__nv_bfloat16, 0, 0, 8>" in by_file["flash_sm90.cu"][0]
-    assert f"kdtr_flash90_verify<__nv_bfloat16, 5, 0, {flash.XR_ONLY}>" in by_file["flash_sm90.cu"][0]
+    assert f"kdtr_flash90_verify<__nv_bfloat16, 5, 0, {flash_plan.XR_ONLY}>" in by_file["flash_sm90.cu"][0]
     assert "kdtr_flash90_verify<float, 6, 2, 0>" in by_file["flash_sm90.cu"][0]  # segments
     assert "kdtr_flash_combine_jobs<__nv_bfloat16, 64>" in by_file["flash_sm90.cu"][0]
     assert len(by_file["flash_verify.cu"][0]) == 3 * 2 * len(Bug) + 4
@@ -238,4 +238,4 @@ def test_flash_config_array_matches_the_launcher(base):
     assert (int(xr.group(1)) if xr else 0) == variant.extra_rows
     if variant.extra_rows:  # the {xr} value of a request whose rows are all transposed
         xonly = re.search(r"constexpr int XR_ONLY = (\d+);", text)
-        assert xonly and int(xonly.group(1)) == flash.XR_ONLY
+        assert xonly and int(xonly.group(1)) == flash_plan.XR_ONLY

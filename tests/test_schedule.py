@@ -1,11 +1,12 @@
-"""Segments (kdtr/schedule.py) and their choice (kdtr.flash.choose_segments): pure arithmetic, no GPU."""
+"""Segments (kdtr/schedule.py) and their choice (kdtr.flash_plan.choose_segments): pure arithmetic, no GPU."""
 
 import numpy as np
 import pytest
 
 from kdtr import schedule
 from kdtr.bugs import Bug
-from kdtr.flash import SM90, choose_segments, plan, split_range
+from kdtr.flash import SM90
+from kdtr.flash_plan import choose_segments, plan, split_range
 
 SMS, BN = 132, 32
 L2 = 60 * 2**20  # H200 (the device reports 62 914 560 B)
@@ -45,7 +46,7 @@ def test_every_cut_walks_each_key_of_each_job_once(shape):
 
 def test_uniform_pieces_are_the_kernels_split_ranges():
     """The model prices the uniform plan with the partition cuda/flash_split.cuh's split_keys walks
-    (kdtr.flash.split_range, which a GPU test ties to the kernel)."""
+    (kdtr.flash_plan.split_range, which a GPU test ties to the kernel)."""
     for P, T, splits in [(8192, 65, 4), (3100, 41, 7), (0, 9, 3), (100, 513, 4)]:
         jobs = schedule.jobs_of(np.array([P]), T, 1, BN)
         pieces = {p.lo: p for p in schedule.uniform_pieces(jobs, splits)}
