@@ -5,7 +5,8 @@ scripts/wgmma_probe.py. A timing aid for docs/PERF.md: nothing here is checked.
 
     python3 scripts/f90_profile.py [default|small] [LABEL=OPTS ...]   (the plain build unless knobs are given)
 
-"small": the compute shapes with few tiles per CTA, "decode": Kimi B1, "xr": Kimi T9 (transposed rows) and T1; the per-CTA lines (prologue
+"small": the compute shapes with few tiles per CTA, "decode": Kimi B1, "xr": Kimi T9 (transposed rows) and T1, "tail":
+Kimi T9 B1 (with KDTR_FLASH_TAIL=1 both grids are reported, on one time axis: does the tail start beside the first?); the per-CTA lines (prologue
 and its steps, epilogue, whole CTA in cycles and us) say how much lies outside the loop; the launch lines
 (globaltimer, one launch timed as `kdtr bench` does) when the last CTA reached each step after it,
 the split merge's included (session 9 found a 5 us merge there).
@@ -29,11 +30,50 @@ SETS = {
                 + bench.grid(["kimi-k2"], [8], [0], [32768], [32, 1]) + bench.grid(["kimi-k2"], [8], [8], [32768], [32])),
     "decode": bench.grid(["kimi-k2"], [8], [0, 4, 8], [32768, 131072], [1]),
     "xr": bench.grid(["kimi-k2"], [8], [8], [32768], [32, 1]) + bench.grid(["kimi-k2"], [8], [0], [32768], [32]),
+    "tail": bench.grid(["kimi-k2"], [8], [8], [32768, 131072], [1]),  # with KDTR_FLASH_TAIL=1: both grids
     "small": (bench.grid(["deepseek-v3"], [8], [64], [8192], [1, 8]) + bench.grid(["deepseek-v3"], [8], [64], [32768], [1])
               + bench.grid(["deepseek-v3"], [8], [256], [8192], [1]) + bench.grid(["deepseek-v3"], [8], [256], [32768], [1])),
 }
 specs = SETS[next((a for a in sys.argv[1:] if "=" not in a), "default")]
 variants = dict(a.split("=", 1) for a in sys.argv[1:] if "=" in a) or {"base": ""}
+
+
+def counters(loaded):
+    """The profile build's two counter arrays of one loaded kernel (each build is its own module)."""
+    return (cp.ndarray((32,), cp.uint64, loaded.module.get_global("kdtr_f90_prof")),
+            cp.ndarray((4096,), cp.uint64, loaded.module.get_global("kdtr_f90_ends")))
+
+
+def report(title, raw, ends, grid, t0, event_us):
+    """One grid's lines; times in us after t0, the first CTA entry of the launch's first grid."""
+    v = np.array(raw, dtype=float)
+    tiles, ctas = v[10], v[11]
+    print(f"{title}: {int(ctas)} CTAs, {tiles / ctas:.1f} tiles each; cycles per tile:")
+    print("  producer  " + "  ".join(f"{n} {v[i] / tiles:6.0f}" for i, n in enumerate(PRODUCER))
+          + f"  | sum {v[0:5].sum() / tiles:6.0f}")
+    print("  consumer  " + "  ".join(f"{n} {v[5 + i] / tiles:6.0f}" for i, n in enumerate(CONSUMER))
+          + f"  | sum {v[5:10].sum() / tiles:6.0f}")
+    loop = v[5:10].sum() / ctas
+    print(f"  per CTA: prologue {v[12] / ctas:7.0f}  loop {loop:8.0f}  epilogue {v[13] / ctas:7.0f}  "
+          f"whole {v[14] / ctas:8.0f} cycles = {v[15] / ctas / 1e3:6.1f} us  (SM clock {v[14] / v[15]:.2f} GHz)")
+    print(f"  producer from entry: split known {v[16] / ctas:6.0f}  tail scan done {v[17] / ctas:6.0f}  "
+          f"Q registers loaded {v[18] / ctas:6.0f}  first tile may start {v[12] / ctas:6.0f} cycles")
+    at = lambda k: f"{(raw[k] - t0) / 1e3:6.1f}" if raw[k] else "   -  "  # noqa: E731
+    print(f"  CTA entries from {at(19)} to {at(20)} us, last exit {at(21)} us; CUDA events around the launch "
+          f"{event_us:6.1f} us (cold L2)")
+    e = (np.sort(ends[ends > 0]) - t0) / 1e3
+    if e.size:
+        print("  loop ends (us after the first entry), percentiles 0/10/50/90/100: "
+              + " / ".join(f"{np.percentile(e, q):.1f}" for q in (0, 10, 50, 90, 100)))
+        rel = (ends - t0) / 1e3
+        late = np.nonzero((ends > 0) & (rel > np.percentile(e, 90) + 5.0))[0]
+        if late.size:  # CTA x + gridDim.x * (y + gridDim.y * z), as the kernel numbers them
+            print("  CTAs ending > 5 us after the 90th percentile: "
+                  + ", ".join(f"{i} ({rel[i]:.1f})" for i in late[:12]) + f"  grid {grid}")
+    print(f"  loops end from {at(22)} to {at(23)} us after the first entry; last CTA past: epilogue {at(24)}, "
+          f"merge ticket {at(25)}, all splits in {at(26)}, max lse {at(28)}, partials summed {at(29)}, rows merged {at(27)}, exit {at(21)} us")
+
+
 for label, opts in variants.items():
     kernel = kernels.flash90_build(label, "-DKDTR_F90_PROFILE " + opts)
     for spec in specs:
@@ -43,14 +83,14 @@ for label, opts in variants.items():
         steps, ws, splits = kernel.steps(dp)
         go = make_launcher(dp, steps, ws, splits)
         go()  # warm-up: clocks, caches
-        main = steps[0][0]  # the main kernel's module holds the counters (the combine's has its own)
-        prof = cp.ndarray((32,), cp.uint64, main.module.get_global("kdtr_f90_prof"))
-        prof[:] = 0
-        ends_dev = cp.ndarray((4096,), cp.uint64, main.module.get_global("kdtr_f90_ends"))
-        ends_dev[:] = 0
-        n_ctas = int(np.prod(steps[0][1]))
-        for slot in (19, 22):  # the first CTA entry and loop end are atomicMins
-            prof[slot:slot + 1] = cp.full((1,), np.iinfo(np.uint64).max, cp.uint64)
+        # the verify grids: the main kernel and, with KDTR_FLASH_TAIL=1, the tail launch (each its own counters)
+        grids = [s for s in steps if "flash90_verify" in next(iter(s[0].compiled.lowered))]
+        arrays = [counters(s[0]) for s in grids]
+        for prof, ends_dev in arrays:
+            prof[:] = 0
+            ends_dev[:] = 0
+            for slot in (19, 22):  # the first CTA entry and loop end are atomicMins
+                prof[slot:slot + 1] = cp.full((1,), np.iinfo(np.uint64).max, cp.uint64)
         flush.sum()  # as kdtr bench times it: a cold L2, the GPU held while the host enqueues
         hold((1,), (1,), (np.uint64(200_000),))
         e0, e1 = cp.cuda.Event(), cp.cuda.Event()
@@ -59,31 +99,9 @@ for label, opts in variants.items():
         e1.record()
         cp.cuda.runtime.deviceSynchronize()
         event_us = cp.cuda.get_elapsed_time(e0, e1) * 1e3
-        raw = [int(x) for x in prof.get()]
-        ends = ends_dev.get()[: min(4096, n_ctas)].astype(np.int64)
-        v = np.array(raw, dtype=float)
-        tiles, ctas = v[10], v[11]
-        print(f"{label} {spec.name}: {int(ctas)} CTAs, {tiles / ctas:.1f} tiles each; cycles per tile:")
-        print("  producer  " + "  ".join(f"{n} {v[i] / tiles:6.0f}" for i, n in enumerate(PRODUCER))
-              + f"  | sum {v[0:5].sum() / tiles:6.0f}")
-        print("  consumer  " + "  ".join(f"{n} {v[5 + i] / tiles:6.0f}" for i, n in enumerate(CONSUMER))
-              + f"  | sum {v[5:10].sum() / tiles:6.0f}")
-        loop = v[5:10].sum() / ctas
-        print(f"  per CTA: prologue {v[12] / ctas:7.0f}  loop {loop:8.0f}  epilogue {v[13] / ctas:7.0f}  "
-              f"whole {v[14] / ctas:8.0f} cycles = {v[15] / ctas / 1e3:6.1f} us  (SM clock {v[14] / v[15]:.2f} GHz)")
-        print(f"  producer from entry: split known {v[16] / ctas:6.0f}  tail scan done {v[17] / ctas:6.0f}  "
-              f"Q registers loaded {v[18] / ctas:6.0f}  first tile may start {v[12] / ctas:6.0f} cycles")
-        print(f"  launch: CTA entries spread over {(raw[20] - raw[19]) / 1e3:5.1f} us, first entry to last exit "
-              f"{(raw[21] - raw[19]) / 1e3:6.1f} us; CUDA events around the launch {event_us:6.1f} us (cold L2)")
-        e = (np.sort(ends[ends > 0]) - raw[19]) / 1e3
-        if e.size:
-            print("  loop ends (us after the first entry), percentiles 0/10/50/90/100: "
-                  + " / ".join(f"{np.percentile(e, q):.1f}" for q in (0, 10, 50, 90, 100)))
-            rel = (ends - raw[19]) / 1e3
-            late = np.nonzero((ends > 0) & (rel > np.percentile(e, 90) + 5.0))[0]
-            if late.size:  # CTA x + gridDim.x * (y + gridDim.y * z), as the kernel numbers them
-                print("  CTAs ending > 5 us after the 90th percentile: "
-                      + ", ".join(f"{i} ({rel[i]:.1f})" for i in late[:12]) + f"  grid {steps[0][1]}")
-        at = lambda k: f"{(raw[k] - raw[19]) / 1e3:6.1f}" if raw[k] else "   -  "
-        print(f"  loops end from {at(22)} to {at(23)} us after the first entry; last CTA past: epilogue {at(24)}, "
-              f"merge ticket {at(25)}, all splits in {at(26)}, max lse {at(28)}, partials summed {at(29)}, rows merged {at(27)}, exit {at(21)} us")
+        raws = [[int(x) for x in prof.get()] for prof, _ in arrays]
+        t0 = raws[0][19]
+        for k, (step, raw, (_, ends_dev)) in enumerate(zip(grids, raws, arrays)):
+            n_ctas = int(np.prod(step[1]))
+            title = f"{label} {spec.name}" + (f" (grid {k}: {next(iter(step[0].compiled.lowered))})" if len(grids) > 1 else "")
+            report(title, raw, ends_dev.get()[: min(4096, n_ctas)].astype(np.int64), step[1], t0, event_us)

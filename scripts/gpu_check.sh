@@ -28,6 +28,7 @@
 #   prologue2: prologue's checks: ci (forced paths too), every flash test, sanitizers, A/B against ab_old/
 #   xr    : flash-sm90's transposed rows: ci (planned, then forced) + sanitizers, flash tests, timings of ab_old/ (if any),
 #           KDTR_FLASH_XR=0 and =1
+#   tailprof: Kimi T9 B1 profiled as planned and with KDTR_FLASH_TAIL=1 (the tail launch's grid beside the first)
 #   xonly : flash-sm90's XR_ONLY decode: ci, its GPU tests, timings as planned, KDTR_FLASH_XR=0 and =1
 #   seg   : flash-sm90's segments: ci (planned, then forced) + every flash test + forced-path sanitizer tests, then
 #           timings of ab_old/ (if any), KDTR_FLASH_SEGMENTS=0 and as planned
@@ -300,6 +301,13 @@ for mode in "${@:-check}"; do
         stage ab_$label env $envs timeout 150 python3 scripts/sm90_ablate.py segments $label=
         grep -v Warn "$LOGS/ab_$label.log" | tail -n 48 >>"$SUMMARY"
       done
+      ;;
+    tailprof)  # Kimi T9 B1 profiled as planned and with the tail launch forced (both grids on one time axis):
+               # does the tail grid start beside the first, and what does a tile cost two XR_ONLY CTAs to an SM?
+      stage prof_t9 timeout 200 python3 scripts/f90_profile.py tail
+      grep -v Warn "$LOGS/prof_t9.log" | tail -n 24 >>"$SUMMARY"
+      KDTR_FLASH_TAIL=1 stage prof_t9_tail timeout 200 python3 scripts/f90_profile.py tail
+      grep -v Warn "$LOGS/prof_t9_tail.log" | tail -n 40 >>"$SUMMARY"
       ;;
     knobs)  # experiment builds of flash-sm90: ci first (a wrong build's timings do not count), then profile and timings
       IFS=';' read -ra KV <<<"${KNOBS:-base=}"

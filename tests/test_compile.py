@@ -199,8 +199,9 @@ EXPERIMENT_BUILDS = {  # cuda/flash_sm90.cu's documented -D knobs (its header): 
 @pytest.mark.parametrize("label", sorted(EXPERIMENT_BUILDS))
 def test_flash_sm90_experiment_builds_compile(label):
     """The knobs docs/PERF.md reports measurements of keep compiling (3 and 4 stages had stopped: an
-    aliasing assert written for 2 stages), for the plain, merging and transposed-rows variants."""
+    aliasing assert written for 2 stages), for the plain, merging, transposed-rows and all-transposed
+    (XR_ONLY) variants."""
     names = ["kdtr_flash90_verify<__nv_bfloat16, 0, 0, 0>", "kdtr_flash90_verify<__nv_bfloat16, 0, 1, 0>",
-             "kdtr_flash90_verify<__nv_bfloat16, 0, 0, 8>"]
+             "kdtr_flash90_verify<__nv_bfloat16, 0, 0, 8>", "kdtr_flash90_verify<__nv_bfloat16, 0, 0, 1>"]
     c = nvrtc.compile_file(kernels.flash.SM90.source, names, "sm_90a", cache=False, options=EXPERIMENT_BUILDS[label])
     assert set(c.lowered) == set(names)
