@@ -19,6 +19,7 @@ from kdtr.flash_plan import (COMBINE, COMBINE_JOBS, XR_ONLY, choose_segments, co
                               row_tile_m)
 from kdtr.knobs import FlashKnobs
 from kdtr.nvrtc import CUDA_DIR
+from kdtr.presets import DK
 
 DEPENDENT_PREFIX = "kdtr_flash_combine"
 """The merge kernels open with kdtr::pdl_wait(): launched after the main kernel, they are launched

@@ -223,9 +223,16 @@ def sm90_steps_on_a_faked_h200(monkeypatch, B: int, T: int, H: int, P: int, env:
     k._config = dict(BN=32, STAGES=2, MAX_T=1280, SMEM_MT4=101280, THREADS_MT4=384, COMBINE_THREADS=256,
                      COMBINE_MAX_CHUNKS=4, TMA_BOX_COLS=64, TMA_BOX_SLABS=9, COMBINE_ROWS_MAX_SPLITS=32, WORK_INTS=6,
                      JOB_INTS=4)
-    monkeypatch.setattr(k, "_tensor_map_args", lambda dp, cfg: ("tensor map",))
-    prob = types.SimpleNamespace(B=B, T=T, H=H, prefix_lens=np.full(B, P, np.int64))
-    steps, _, _ = k.steps(types.SimpleNamespace(problem=prob, out_dtype="bf16"))
+    from kdtr import tma
+
+    monkeypatch.setattr(tma, "encode", lambda spec, ptr: spec)  # the driver encodes it on a GPU
+    pages = B * -(-P // 64)
+    prob = types.SimpleNamespace(B=B, T=T, H=H, prefix_lens=np.full(B, P, np.int64), page_size=64,
+                                 kv_cache=np.empty((pages, 64, 1), np.uint8))  # [pages, page_size, ...]: shape only
+    kv = types.SimpleNamespace(data=types.SimpleNamespace(ptr=0))
+    steps, _, _ = k.steps(types.SimpleNamespace(problem=prob, out_dtype="bf16", kv_cache=kv))
+    for s in steps[:1]:  # the main kernel takes the cache's tensor map: one box is one 32-key tile
+        assert s[4][0] == tma.kv_map_spec(pages, 64, 576, 64, 32, 9)
     return [(*s[0].compiled.lowered, tuple(s[1]), s[0].dependent) for s in steps]
 
 
