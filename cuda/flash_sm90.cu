@@ -754,51 +754,51 @@ __global__ void __launch_bounds__(f90::NTHREADS, XR == f90::XR_ONLY ? 2 : 1) kdt
       float alpha[2] = {1.f, 1.f};
       if (XR && has_x) reg_fence(sx);
       if (MAIN) {  // the 64 rows' masks and softmax
-      reg_fence(s);
-      if (tail_tile) {
+        reg_fence(s);
+        if (tail_tile) {
 #pragma unroll
-        for (int e = 0; e < S_REGS; ++e) {
-          const int col = (e >> 2) * 8 + 2 * tq + (e & 1);
-          s[e] = ((word[(e >> 1) & 1] >> col) & 1u) ? s[e] : kdtr::neg_inf();
-        }
-      } else if (partial) {  // the last, partial prefix tile
-#pragma unroll
-        for (int e = 0; e < S_REGS; ++e) {
-          const int col = (e >> 2) * 8 + 2 * tq + (e & 1);
-          s[e] = key0 + col < kp_hi ? s[e] : kdtr::neg_inf();
-        }
-      }  // else a full prefix tile: every key visible
-      float psum[2] = {0.f, 0.f};
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {  // row half h holds e = 4 j + 2 h + {0, 1}, j = 0..3
-        float mx = kdtr::neg_inf();
-#pragma unroll
-        for (int j = 0; j < 4; j += 2)
-          mx = fmaxf(mx, fmaxf(fmaxf(s[4 * j + 2 * h], s[4 * j + 2 * h + 1]),
-                               fmaxf(s[4 * j + 4 + 2 * h], s[4 * j + 5 + 2 * h])));
-        const float m_new = fmaxf(m_run[h], kdtr::warp_max<4>(mx * sc));
-        const float m_use = m_new == kdtr::neg_inf() ? 0.f : m_new;
-        // alpha = c and psum = the row's sum below, written as products: that is the form timed in
-        // session 5 (run 5); the plain form compiles to a differently scheduled kernel (cuobjdump)
-        const float c = ex2(m_run[h] - m_use);  // 0 while nothing was seen: O and l are still zero
-        alpha[h] *= c;
-        psum[h] *= c;
-        float sum = 0.f;
-#pragma unroll
-        for (int j = 0; j < 4; j += 2) {
-          float q[4];
-#pragma unroll
-          for (int k = 0; k < 4; ++k) {
-            const int e = 4 * (j + (k >> 1)) + 2 * h + (k & 1);
-            q[k] = s[e] = ex2(fmaf(s[e], sc, -m_use));
+          for (int e = 0; e < S_REGS; ++e) {
+            const int col = (e >> 2) * 8 + 2 * tq + (e & 1);
+            s[e] = ((word[(e >> 1) & 1] >> col) & 1u) ? s[e] : kdtr::neg_inf();
           }
-          sum += (q[0] + q[1]) + (q[2] + q[3]);
-        }
-        psum[h] += sum;
-        m_run[h] = m_new;
-      }
+        } else if (partial) {  // the last, partial prefix tile
 #pragma unroll
-      for (int h = 0; h < 2; ++h) l_run[h] = l_run[h] * alpha[h] + psum[h];
+          for (int e = 0; e < S_REGS; ++e) {
+            const int col = (e >> 2) * 8 + 2 * tq + (e & 1);
+            s[e] = key0 + col < kp_hi ? s[e] : kdtr::neg_inf();
+          }
+        }  // else a full prefix tile: every key visible
+        float psum[2] = {0.f, 0.f};
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {  // row half h holds e = 4 j + 2 h + {0, 1}, j = 0..3
+          float mx = kdtr::neg_inf();
+#pragma unroll
+          for (int j = 0; j < 4; j += 2)
+            mx = fmaxf(mx, fmaxf(fmaxf(s[4 * j + 2 * h], s[4 * j + 2 * h + 1]),
+                                 fmaxf(s[4 * j + 4 + 2 * h], s[4 * j + 5 + 2 * h])));
+          const float m_new = fmaxf(m_run[h], kdtr::warp_max<4>(mx * sc));
+          const float m_use = m_new == kdtr::neg_inf() ? 0.f : m_new;
+          // alpha = c and psum = the row's sum below, written as products: that is the form timed in
+          // session 5 (run 5); the plain form compiles to a differently scheduled kernel (cuobjdump)
+          const float c = ex2(m_run[h] - m_use);  // 0 while nothing was seen: O and l are still zero
+          alpha[h] *= c;
+          psum[h] *= c;
+          float sum = 0.f;
+#pragma unroll
+          for (int j = 0; j < 4; j += 2) {
+            float q[4];
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+              const int e = 4 * (j + (k >> 1)) + 2 * h + (k & 1);
+              q[k] = s[e] = ex2(fmaf(s[e], sc, -m_use));
+            }
+            sum += (q[0] + q[1]) + (q[2] + q[3]);
+          }
+          psum[h] += sum;
+          m_run[h] = m_new;
+        }
+#pragma unroll
+        for (int h = 0; h < 2; ++h) l_run[h] = l_run[h] * alpha[h] + psum[h];
       }  // MAIN
       // the transposed rows' softmax: sx[e] is key 16 ww + g + 8 (e / 2) of the tile, extra row
       // n = 2 tq + e % 2; warps 0 and 1 hold keys 0-15 and 16-31 and exchange their row maxima

@@ -130,7 +130,8 @@ class FlashKernel:
         from kdtr.launch import CTYPES, device_info, device_ints
 
         pr, info, v, kn = dp.problem, device_info(), self.variant, FlashKnobs.from_env()
-        mt = kn.mt if kn.mt in v.mts else v.mt_for(pr.T * pr.H)
+        rows = pr.T * pr.H
+        mt = kn.mt if kn.mt in v.mts else v.mt_for(rows)
         out_t, cfg = CTYPES[dp.out_dtype], self.config()
         threads, smem = v.launch_shape(cfg, mt)
 
@@ -141,15 +142,12 @@ class FlashKernel:
 
         per_sm = resident(0)
         # XR_ONLY: a request of <= 8 rows, or the tail launch of 64 k + 1..8 rows
-        rows = pr.T * pr.H
         x_only = resident(XR_ONLY) if v.extra_rows and kn.xr != "0" and (0 < rows <= v.extra_rows or kn.tail == "1") else 0
         can_merge = v.merges_in_kernel and kn.merge_units > 0
         pl = plan(pr.B, pr.T, pr.H, int(pr.prefix_lens.max()), info["sm_count"], cfg["BN"], self.bug, mt, per_sm,
                   kn.splits or None, can_merge, v.extra_rows if kn.xr != "0" else 0, kn.xr == "1", kn.merge_units,
                   x_only, kn.tail)
-        main = self._load(v.main.format(mt=mt, out=out_t, bug=self.bug, merge=0, xr=0))
-        if pl.merge or pl.xr:
-            main = self._load(v.main.format(mt=mt, out=out_t, bug=self.bug, merge=int(pl.merge), xr=pl.xr))
+        main = self._load(v.main.format(mt=mt, out=out_t, bug=self.bug, merge=int(pl.merge), xr=pl.xr))
         seg = choose_segments(pr.prefix_lens, pr.T, pr.H, pl, info["sm_count"] * per_sm, cfg["BN"], v.tile_ns,
                               self.bug, kn.segments, info["l2_bytes"], bool(kn.splits))
         if seg is not None:
@@ -160,7 +158,7 @@ class FlashKernel:
             tail_fn = self._load(v.main.format(mt=mt, out=out_t, bug=self.bug, merge=0, xr=XR_ONLY), dependent=True)
             steps.append((tail_fn, (1, pl.splits, pr.B), (threads, 1, 1), smem, steps[0][4]))
         if pl.splits > 1 and not pl.merge:
-            name, grid = combine_launch(pr.T * pr.H, pr.B, pl.splits, info["sm_count"], cfg, kn.combine)
+            name, grid = combine_launch(rows, pr.B, pl.splits, info["sm_count"], cfg, kn.combine)
             steps.append((self._load(name.format(out=out_t)), grid, (cfg["COMBINE_THREADS"], 1, 1), 0))
         return steps, pl.workspace_bytes(pr.T, pr.H), pl.splits
 

@@ -188,12 +188,13 @@ def plan(B: int, T: int, H: int, prefix_max: int, sm_count: int, bn: int, bug: i
     the splits that the tail's half-SM CTAs leave room for (Kimi T9 B1: 88 instead of 66 on 132 SMs). Only
     where forced: it measured 1.3-9.1 us slower on Kimi T9 / T17 (docs/PERF.md, session 13)."""
     rows = T * H
-    if x_only_ctas_per_sm and tail == "1" and rows > 64 and 0 < rows % 64 <= extra_rows:
-        tiles = rows // (16 * (mt or row_tile_m(rows)))  # the 64-row launch; the tail's CTAs take 1 / x_only_ctas_per_sm of an SM each
-        s = splits or max(1, min(int(sm_count * ctas_per_sm / (B * (tiles + 1 / x_only_ctas_per_sm))),
+    mt = mt or row_tile_m(rows)
+    row_tiles, xr = extra_row_tiles(rows, 16 * mt, extra_rows)
+    if x_only_ctas_per_sm and tail == "1" and xr:  # the row tiles' launch; each tail CTA takes 1 / x_only_ctas_per_sm SM
+        s = splits or max(1, min(int(sm_count * ctas_per_sm / (B * (row_tiles + 1 / x_only_ctas_per_sm))),
                                  prefix_max // MIN_KEYS_PER_SPLIT))
         s = max(2, s) if bug == Bug.MERGE_WRONG_MAX else s
-        return FlashPlan(mt or row_tile_m(rows), tiles, s, B, False, 0, True)
+        return FlashPlan(mt, row_tiles, s, B, False, 0, True)
     if x_only_ctas_per_sm and 0 < rows <= extra_rows:
         args = (B, T, H, prefix_max, sm_count, bn, bug, mt)
         keep = plan(*args, ctas_per_sm, splits, can_merge, extra_rows, xr_always, merge_units)
@@ -202,8 +203,6 @@ def plan(B: int, T: int, H: int, prefix_max: int, sm_count: int, bn: int, bug: i
         x_only = plan(*args, x_only_ctas_per_sm, splits, merge_units=merge_units)
         return FlashPlan(x_only.mt, 1, x_only.splits, B, False, XR_ONLY)
     slots = sm_count * ctas_per_sm
-    mt = mt or row_tile_m(rows)
-    row_tiles, xr = extra_row_tiles(rows, 16 * mt, extra_rows)
     chosen = splits or choose_splits(prefix_max, T, bn, row_tiles * B, rows, B, slots)
     if xr and not xr_always:  # transposed rows only where the model says they pay (their tiles cost XR_TILE_COST)
         plain = -(-rows // (16 * mt))
