@@ -81,12 +81,19 @@
 //   Experiment knobs (NVRTC -D): KDTR_F90_STAGES=3 or 4 with KDTR_F90_EXPERIMENT to lift the 99 KB
 //   assert (129 / 166 KB: copies one or two more tiles ahead; docs/PERF.md); KDTR_F90_PROFILE: cycles
 //   per main-loop section (and the prologue's steps) into kdtr_f90_prof (scripts/f90_profile.py);
-//   KDTR_F90_NO_TMA: every tile through cp.async (the A/B of docs/PERF.md, session 6).
+//   KDTR_F90_NO_TMA: every tile through cp.async (the A/B of docs/PERF.md, session 6); KDTR_COMBINE_BATCH=N:
+//   the combine launch's partial rows in flight per warp (9 here; the A/B of session 14).
 
 #include <cuda_bf16.h>
 
 #include "kdtr_abi.h"
 #include "kdtr_common.cuh"
+// the combine launch's partial rows in flight per warp (flash_split.cuh): 9, so that its 8 warps x 9 = 72
+// take Kimi T9 B1's 65-66 splits in one step (8 took two: ~1 us more, docs/PERF.md session 14);
+// flash_verify.cu keeps 8 (at 9 its sm_120 build spills)
+#ifndef KDTR_COMBINE_BATCH
+#define KDTR_COMBINE_BATCH 9
+#endif
 #include "flash_split.cuh"
 
 // ---------------------------------------------------------------------------------------------

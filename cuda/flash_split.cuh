@@ -116,9 +116,13 @@ constexpr int COMBINE_MAX_CHUNKS = 4;   // CTAs per row at most: column chunks (
 constexpr int COMBINE_ROWS_MAX_SPLITS = 32;  // kdtr_flash_combine_rows: lane s holds split s's lse
 constexpr int COMBINE_RED_FLOATS = COMBINE_WARPS * 129 + COMBINE_WARPS;  // shared scratch of merge_row
 // Partial rows in flight per warp in kdtr::merge_row. In-kernel merges run on one-wave grids: 8 warps
-// x 17 = 136 >= the splits of a 132-SM grid, all in one step. The combine kernel keeps 8: at 17 its
+// x 17 = 136 >= the splits of a 132-SM grid, all in one step. The combine kernel keeps 8-9: at 17 its
 // 256 threads needed more than 168 registers on sm_120 (spills).
-constexpr int MERGE_BATCH_IN_KERNEL = 17, MERGE_BATCH_COMBINE = 8;
+// KDTR_COMBINE_BATCH: the combine's batch, set by the including kernel source (flash_sm90.cu: 9) or 8.
+#ifndef KDTR_COMBINE_BATCH
+#define KDTR_COMBINE_BATCH 8
+#endif
+constexpr int MERGE_BATCH_IN_KERNEL = 17, MERGE_BATCH_COMBINE = KDTR_COMBINE_BATCH;
 
 namespace kdtr {
 

@@ -5,7 +5,8 @@ scripts/wgmma_probe.py. A timing aid for docs/PERF.md: nothing here is checked.
 
     python3 scripts/f90_profile.py [default|small] [LABEL=OPTS ...]   (the plain build unless knobs are given)
 
-"small": the compute shapes with few tiles per CTA, "decode": Kimi B1, "xr": Kimi T9 (transposed rows) and T1, "tail":
+"small": the compute shapes with few tiles per CTA, "decode": Kimi B1, "xr": Kimi T9 (transposed rows) and T1, "pertoken": Kimi T1 P32k /
+P64k and T9 P32k B1 (is a CTA's tile rate the same whether its tiles come from DRAM or from L2?), "tail":
 Kimi T9 B1 (with KDTR_FLASH_TAIL=1 both grids are reported, on one time axis: does the tail start beside the first?); the per-CTA lines (prologue
 and its steps, epilogue, whole CTA in cycles and us) say how much lies outside the loop; the launch lines
 (globaltimer, one launch timed as `kdtr bench` does) when the last CTA reached each step after it,
@@ -30,7 +31,10 @@ SETS = {
                 + bench.grid(["kimi-k2"], [8], [0], [32768], [32, 1]) + bench.grid(["kimi-k2"], [8], [8], [32768], [32])),
     "decode": bench.grid(["kimi-k2"], [8], [0, 4, 8], [32768, 131072], [1]),
     "xr": bench.grid(["kimi-k2"], [8], [8], [32768], [32, 1]) + bench.grid(["kimi-k2"], [8], [0], [32768], [32]),
+    "t1": bench.grid(["kimi-k2"], [8], [0], [32768, 131072], [1]),  # with KDTR_FLASH_XR=1: XR_ONLY's loop and merge
     "tail": bench.grid(["kimi-k2"], [8], [8], [32768, 131072], [1]),  # with KDTR_FLASH_TAIL=1: both grids
+    # the same tokens per CTA from DRAM (T1 P64k: 129 CTAs) or half of them from L2 (T9 P32k: two row tiles a split)
+    "pertoken": bench.grid(["kimi-k2"], [8], [0], [32768, 65536], [1]) + bench.grid(["kimi-k2"], [8], [8], [32768], [1]),
     "small": (bench.grid(["deepseek-v3"], [8], [64], [8192], [1, 8]) + bench.grid(["deepseek-v3"], [8], [64], [32768], [1])
               + bench.grid(["deepseek-v3"], [8], [256], [8192], [1]) + bench.grid(["deepseek-v3"], [8], [256], [32768], [1])),
 }

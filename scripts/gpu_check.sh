@@ -28,7 +28,9 @@
 #   prologue2: prologue's checks: ci (forced paths too), every flash test, sanitizers, A/B against ab_old/
 #   xr    : flash-sm90's transposed rows: ci (planned, then forced) + sanitizers, flash tests, timings of ab_old/ (if any),
 #           KDTR_FLASH_XR=0 and =1
-#   tailprof: Kimi T9 B1 profiled as planned and with KDTR_FLASH_TAIL=1 (the tail launch's grid beside the first)
+#   tailprof: Kimi T9 B1 profiled as planned and with KDTR_FLASH_TAIL=1 (the tail launch's grid beside the first),
+#           then Kimi T1 P32k / P64k and T9 P32k B1 (a CTA's tile rate from DRAM against from L2)
+#   xonlyprof: Kimi T1 B1 profiled and timed as planned, XR_ONLY forced, XR_ONLY forced on 132 splits
 #   xonly : flash-sm90's XR_ONLY decode: ci, its GPU tests, timings as planned, KDTR_FLASH_XR=0 and =1
 #   seg   : flash-sm90's segments: ci (planned, then forced) + every flash test + forced-path sanitizer tests, then
 #           timings of ab_old/ (if any), KDTR_FLASH_SEGMENTS=0 and as planned
@@ -302,12 +304,24 @@ for mode in "${@:-check}"; do
         grep -v Warn "$LOGS/ab_$label.log" | tail -n 48 >>"$SUMMARY"
       done
       ;;
+    xonlyprof)  # Kimi T1 B1 profiled and timed: the 64-row plan, XR_ONLY (two CTAs an SM) and XR_ONLY on 132 splits
+      stage prof_t1 timeout 200 python3 scripts/f90_profile.py t1
+      grep -v Warn "$LOGS/prof_t1.log" | tail -n 16 >>"$SUMMARY"
+      KDTR_FLASH_XR=1 stage prof_t1_x timeout 200 python3 scripts/f90_profile.py t1
+      grep -v Warn "$LOGS/prof_t1_x.log" | tail -n 16 >>"$SUMMARY"
+      KDTR_FLASH_XR=1 KDTR_FLASH_SPLITS=132 stage prof_t1_x132 timeout 200 python3 scripts/f90_profile.py t1
+      grep -v Warn "$LOGS/prof_t1_x132.log" | tail -n 16 >>"$SUMMARY"
+      stage ab_t1 timeout 200 python3 scripts/sm90_ablate.py t15 base= x="KDTR_FLASH_XR=1" x132="KDTR_FLASH_XR=1 KDTR_FLASH_SPLITS=132"
+      grep -v Warn "$LOGS/ab_t1.log" | tail -n 14 >>"$SUMMARY"
+      ;;
     tailprof)  # Kimi T9 B1 profiled as planned and with the tail launch forced (both grids on one time axis):
                # does the tail grid start beside the first, and what does a tile cost two XR_ONLY CTAs to an SM?
       stage prof_t9 timeout 200 python3 scripts/f90_profile.py tail
       grep -v Warn "$LOGS/prof_t9.log" | tail -n 24 >>"$SUMMARY"
       KDTR_FLASH_TAIL=1 stage prof_t9_tail timeout 200 python3 scripts/f90_profile.py tail
       grep -v Warn "$LOGS/prof_t9_tail.log" | tail -n 40 >>"$SUMMARY"
+      stage prof_pertoken timeout 200 python3 scripts/f90_profile.py pertoken
+      grep -v Warn "$LOGS/prof_pertoken.log" | tail -n 36 >>"$SUMMARY"
       ;;
     knobs)  # experiment builds of flash-sm90: ci first (a wrong build's timings do not count), then profile and timings
       IFS=';' read -ra KV <<<"${KNOBS:-base=}"

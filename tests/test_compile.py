@@ -192,6 +192,7 @@ EXPERIMENT_BUILDS = {  # cuda/flash_sm90.cu's documented -D knobs (its header): 
     "stages4": ("-DKDTR_F90_STAGES=4", "-DKDTR_F90_EXPERIMENT"),
     "no-tma": ("-DKDTR_F90_NO_TMA",),
     "profile": ("-DKDTR_F90_PROFILE",),
+    "combine-batch-8": ("-DKDTR_COMBINE_BATCH=8",),
 }
 
 
