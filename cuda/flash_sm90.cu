@@ -496,6 +496,16 @@ __device__ __forceinline__ void wgmma_ss_m64n8k16(float (&d)[4], unsigned long l
       : "l"(desc_a), "l"(desc_b), "r"(accumulate));
 }
 
+// D[64 x 8] (+)= A[64 x 16] (shared, MN-major descriptor: M contiguous) * B[16 x 8] (shared, K-major).
+__device__ __forceinline__ void wgmma_ss_m64n8k16_ta(float (&d)[4], unsigned long long desc_a, unsigned long long desc_b, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 "
+      "{%0,%1,%2,%3}, %4, %5, p, 1, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+}
+
 // Reductions over the 8 lanes of a warp that share tq (lanes tq, tq + 4, ..., tq + 28): a column of a
 // wgmma accumulator's 8-row group.
 __device__ __forceinline__ float max_over_g(float x) {
@@ -1064,7 +1074,20 @@ __global__ void __launch_bounds__(f90::NTHREADS, XR == f90::XR_ONLY ? 2 : 1) kdt
                               desc_sw128(tile + c * 4 * SLAB + kk * 2048, SLAB, 1024), 1);
         wgmma_commit();
       }
-      if (XR && has_x) o_t();  // under P V (before its issue or after its wait measured the same: PERF.md s7)
+      if constexpr (XONLY) {  // O^T[col, n] += V^T P_x^T on wgmma: consumer c's 4 slabs as the M of 4 products,
+        // A = a slab of the tile, MN-major (columns contiguous, as P V reads V); B = P_x, K-major core matrices
+        wgmma_fence();
+        const unsigned pxb = base + Smem::px + stage * PX_BYTES;
+#pragma unroll
+        for (int j = 0; j < OX_TILES; ++j)
+#pragma unroll
+          for (int kk = 0; kk < BN / 16; ++kk)
+            wgmma_ss_m64n8k16_ta(accx[j], desc_sw128(tile + (4 * c + j) * SLAB + kk * 2048, SLAB, 1024),
+                                 desc_make(pxb + kk * 256, 128, 512, false), 1);
+        wgmma_commit();
+      } else if (XR && has_x) {
+        o_t();  // under P V (before its issue or after its wait measured the same: PERF.md s7)
+      }
       if (i + 1 < n_tiles && !tma_tile(i + 1)) {  // while P V(i) runs: tile i+1 (copied STAGES-1 tiles ago) landed
         kdtr::cp_async_wait<STAGES - 2>();
         fence_async_smem();
@@ -1074,6 +1097,10 @@ __global__ void __launch_bounds__(f90::NTHREADS, XR == f90::XR_ONLY ? 2 : 1) kdt
       if (MAIN) {
         wgmma_wait<0>();
         reg_fence(acc);
+      } else {
+        wgmma_wait<0>();
+#pragma unroll
+        for (int j = 0; j < OX_TILES; ++j) reg_fence(accx[j]);
       }
       laps.lap(2);
       if (i + STAGES < n_tiles) {  // refill tile i's stage once both consumers' P V(i) is done
@@ -1104,7 +1131,8 @@ __global__ void __launch_bounds__(f90::NTHREADS, XR == f90::XR_ONLY ? 2 : 1) kdt
       for (int j = 0; j < OX_TILES; ++j)
 #pragma unroll
         for (int e = 0; e < OX_REGS; ++e)
-          xs[(2 * tq + (e & 1)) * KDTR_DV + (4 * c + ww) * 64 + 16 * j + g + 8 * (e >> 1)] = accx[j][e];
+          xs[(2 * tq + (e & 1)) * KDTR_DV + (XONLY ? (4 * c + j) * 64 + 16 * ww : (4 * c + ww) * 64 + 16 * j) + g + 8 * (e >> 1)] =
+              accx[j][e];  // XONLY: m-block j is slab 4 c + j, warp ww its rows 16 ww..; else warp ww's slab, m-tile j
     }
     bar_sync(BAR_STATS, NTHREADS);
 #pragma unroll
