@@ -7,8 +7,9 @@
 //                                    the last row tile also takes the request's 1..8 rows past a
 //                                    multiple of 64 (Kimi T9: 72 rows in one CTA). XR = 1 (XR_ONLY):
 //                                    the request's rows past a multiple of 64 (1..8) only, as transposed
-//                                    rows with no 64-row products, two CTAs to an SM: all of a Kimi
-//                                    decode request, or the tail launch beside the 64-row tiles' (T9 B1).
+//                                    rows with no 64-row products, two CTAs to an SM (O^T on wgmma
+//                                    there): all of a Kimi decode request, or the tail launch beside the
+//                                    64-row tiles' (T9 B1).
 //   kdtr_flash_combine<OutT>,        the split merges shared with flash_verify.cu (flash_split.cuh);
 //   kdtr_flash_combine_rows<OutT>    one-wave grids merge inside the main kernel instead (MERGE = 1);
 //   kdtr_flash_combine_jobs<OutT, 64> the merge of segments' cut jobs (below).
@@ -139,8 +140,8 @@ constexpr int BAR_SCAN = BAR_XMAX + 1;          // the producer's Q slabs landed
 // The transposed rows (template XR = 8): a CTA whose request has R = 64 k + x rows, 0 < x <= XR_MAX,
 // takes the x rows past its 64 as the N of transposed products, S^T = K Q_x^T (wgmma m64n8k16, A = the
 // KV tile, K-major; its M rows 32..63 read the next slab and are ignored) and O^T += V^T P_x^T (mma.sync
-// m16n8k16, A = the tile by ldmatrix.trans), so the KV tile is read once for all 72 rows instead of by
-// a second CTA.
+// m16n8k16, A = the tile by ldmatrix.trans; XR_ONLY: wgmma m64n8k16, A = the tile's slab MN-major), so the
+// KV tile is read once for all 72 rows instead of by a second CTA.
 constexpr int XR_MAX = 8;                       // rows past BM (the wgmma N of the transposed products)
 constexpr int XR_ONLY = 1;                      // template XR = 1: every row of the CTA transposed (R <= XR_MAX, below)
 constexpr int QX_BYTES = SLABS * XR_MAX * 128;  // Q_x [8 x 576]: 9 swizzled K-major slabs of 1 KB
@@ -575,7 +576,7 @@ __global__ void __launch_bounds__(f90::NTHREADS, XR == f90::XR_ONLY ? 2 : 1) kdt
 
   static_assert(XR == 0 || XR == XR_MAX || XR == XR_ONLY, "transposed rows: none, XR_MAX past 64, or all (XR_ONLY)");
   // transposed rows merge by the combine launch: a 65..72-row tile has 260+ units, more than the plan's
-  // splits, and at XR_ONLY's 80 registers (two CTAs per SM) the in-kernel merge spills (kdtr/flash_plan.py)
+  // splits, and within XR_ONLY's 80-register bound (two CTAs per SM) the in-kernel merge spills (kdtr/flash_plan.py)
   static_assert(!(MERGE && XR), "transposed rows merge by the combine launch");
   constexpr bool SEGMENTS = MERGE == 2, MERGE_HERE = MERGE == 1;
   // XONLY: the request's 1..XR_MAX rows are all transposed (one row tile): no Q fragments, no S, no P V of
@@ -1018,7 +1019,9 @@ __global__ void __launch_bounds__(f90::NTHREADS, XR == f90::XR_ONLY ? 2 : 1) kdt
     // O^T of the transposed rows, on mma.sync (m16n8k16): warp ww of consumer c owns slab 4 c + ww (64
     // columns) as 4 m-tiles; accx[j][e] is column 64 (4 c + ww) + 16 j + g + 8 (e / 2) of extra row
     // n = 2 tq + e % 2. Not wgmma: its accumulators are placed above the 24 low registers, and 128 + 16
-    // of them do not fit the consumers' 160 (ptxas spilled; docs/PERF.md, session 7).
+    // of them do not fit the consumers' 160 (ptxas spilled; docs/PERF.md, session 7). XONLY has no 64-row O,
+    // so there O^T is on wgmma (56 registers): accx[j] is the m64n8 product of slab 4 c + j, warp ww its
+    // columns 16 ww + g (+ 8), extra row 2 tq + e % 2 (docs/PERF.md, session 14).
     constexpr int OX_TILES = XR ? 64 / 16 : 1;  // m-tiles of a warp's 64 columns (1: unused without XR)
     float accx[OX_TILES][OX_REGS];
     // its ldmatrix addresses: lane l reads row l % 8 of matrix l / 8 = (dv half (l / 8) % 2, key half l / 16);

@@ -214,7 +214,7 @@ def plan(B: int, T: int, H: int, prefix_max: int, sm_count: int, bn: int, bug: i
     if bug == Bug.MERGE_WRONG_MAX:
         splits = max(2, splits)  # the planted merge bug needs a merge
     units = min(rows, 16 * mt) * MERGE_UNITS_PER_ROW  # of the fullest row tile
-    # transposed rows never merge in-kernel: rows past 64 make 260+ units; XR_ONLY's 80 registers spill there
+    # transposed rows never merge in-kernel: rows past 64 make 260+ units; XR_ONLY's 80-register bound spills there
     merge = can_merge and not xr and splits > 1 and units <= merge_units * splits and row_tiles * splits * B <= slots
     return FlashPlan(mt, row_tiles, splits, B, merge, xr)
 

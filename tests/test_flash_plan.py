@@ -161,7 +161,7 @@ def test_eight_rows_or_fewer_run_all_transposed_where_the_grid_takes_waves(B, P,
     """Kimi decode (8 rows) takes XR_ONLY where the 64-row plan needs more than one wave (its two CTAs
     per SM halve the waves: T1 P128k B32 measured 2-7 % faster); one-wave grids keep the 64-row build
     (B1 merges in-kernel; docs/PERF.md session 13). Forced, XR_ONLY plans one row tile, splits for two
-    resident CTAs per SM (more splits than SMs on B1) and the combine launch (at 80 registers the build
+    resident CTAs per SM (more splits than SMs on B1) and the combine launch (within its 80-register bound the build
     cannot merge in-kernel). 9 rows and more never take it."""
     from kdtr.flash_plan import XR_ONLY
 
@@ -198,7 +198,7 @@ def test_rows_past_64k_run_as_a_tail_launch_only_where_forced():
 
 def sm90_steps_on_a_faked_h200(monkeypatch, B: int, T: int, H: int, P: int, env: dict):
     """FlashKernel.steps of flash-sm90 with the launch layer faked (no GPU): an H200's properties, loaded
-    kernels whose registers are ptxas's for their build (XR_ONLY 80, the rest 168), the config array as
+    kernels whose registers are ptxas's for their build (XR_ONLY 56, the rest 168), the config array as
     the kernel exports it. Returns [(name expression, grid, dependent)] of the launches."""
     import types
 
@@ -214,7 +214,7 @@ def sm90_steps_on_a_faked_h200(monkeypatch, B: int, T: int, H: int, P: int, env:
     monkeypatch.setattr(launch, "device_ints", lambda a: a)
 
     def load(source, expr, arch=None, options=(), dependent=False):
-        regs = 80 if expr.endswith(", 1>") else 168
+        regs = 56 if expr.endswith(", 1>") else 168
         compiled = types.SimpleNamespace(resources={"k": types.SimpleNamespace(registers=regs)}, lowered={expr: "k"})
         return launch.Loaded(None, None, compiled, launch.DEFAULT_LAUNCH, dependent)
 
