@@ -487,24 +487,16 @@ __device__ __forceinline__ void wgmma_ss_m64n32k16(float (&d)[16], unsigned long
       : "l"(desc_a), "l"(desc_b), "r"(accumulate));
 }
 
-// D[64 x 8] (+)= A[64 x 16] (shared, K-major descriptor) * B[16 x 8] (shared, K-major descriptor).
+// D[64 x 8] (+)= A[64 x 16] (shared; K-major descriptor, or MN-major with TRANS_A: M contiguous) * B[16 x 8]
+// (shared, K-major descriptor).
+template <int TRANS_A = 0>
 __device__ __forceinline__ void wgmma_ss_m64n8k16(float (&d)[4], unsigned long long desc_a, unsigned long long desc_b, int accumulate) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 "
-      "{%0,%1,%2,%3}, %4, %5, p, 1, 1, 0, 0;\n}\n"
+      "{%0,%1,%2,%3}, %4, %5, p, 1, 1, %7, 0;\n}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "l"(desc_a), "l"(desc_b), "r"(accumulate));
-}
-
-// D[64 x 8] (+)= A[64 x 16] (shared, MN-major descriptor: M contiguous) * B[16 x 8] (shared, K-major).
-__device__ __forceinline__ void wgmma_ss_m64n8k16_ta(float (&d)[4], unsigned long long desc_a, unsigned long long desc_b, int accumulate) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 "
-      "{%0,%1,%2,%3}, %4, %5, p, 1, 1, 1, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+      : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(TRANS_A));
 }
 
 // Reductions over the 8 lanes of a warp that share tq (lanes tq, tq + 4, ..., tq + 28): a column of a
@@ -1085,8 +1077,8 @@ __global__ void __launch_bounds__(f90::NTHREADS, XR == f90::XR_ONLY ? 2 : 1) kdt
         for (int j = 0; j < OX_TILES; ++j)
 #pragma unroll
           for (int kk = 0; kk < BN / 16; ++kk)
-            wgmma_ss_m64n8k16_ta(accx[j], desc_sw128(tile + (4 * c + j) * SLAB + kk * 2048, SLAB, 1024),
-                                 desc_make(pxb + kk * 256, 128, 512, false), 1);
+            wgmma_ss_m64n8k16<1>(accx[j], desc_sw128(tile + (4 * c + j) * SLAB + kk * 2048, SLAB, 1024),
+                                    desc_make(pxb + kk * 256, 128, 512, false), 1);
         wgmma_commit();
       } else if (XR && has_x) {
         o_t();  // under P V (before its issue or after its wait measured the same: PERF.md s7)
