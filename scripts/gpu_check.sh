@@ -31,6 +31,7 @@
 #   tailprof: Kimi T9 B1 profiled as planned and with KDTR_FLASH_TAIL=1 (the tail launch's grid beside the first),
 #           then Kimi T1 P32k / P64k and T9 P32k B1 (a CTA's tile rate from DRAM against from L2)
 #   xonlyprof: Kimi T1 B1 profiled and timed as planned, XR_ONLY forced, XR_ONLY forced on 132 splits
+#   ncuxonly: per-instruction stall samples of XR_ONLY (Kimi T1 P128k B32 planned, B1 forced) and the 64-row B1
 #   xonly : flash-sm90's XR_ONLY decode: ci, its GPU tests, timings as planned, KDTR_FLASH_XR=0 and =1
 #   seg   : flash-sm90's segments: ci (planned, then forced) + every flash test + forced-path sanitizer tests, then
 #           timings of ab_old/ (if any), KDTR_FLASH_SEGMENTS=0 and as planned
@@ -367,6 +368,19 @@ for mode in "${@:-check}"; do
           || note "ncu --page source failed: $(head -c 300 "$LOGS/ncusrc_$tag.err")"
         ncu -i "$LOGS/ncu_$tag.ncu-rep" --page details --csv >"$LOGS/ncu_details_$tag.csv" 2>&1
         note "$tag: $(wc -l <"$OUT/ncusrc_$tag.csv") source rows"
+      done
+      ;;
+    ncuxonly)  # what bounds an XR_ONLY tile two CTAs to an SM (docs/PERF.md, session 14's next step): per-instruction
+               # stall samples of XR_ONLY (Kimi T1 P128k B32 as planned, B1 forced) beside the 64-row build's B1
+      for case in "xonly_b32||kimi-k2 8 0 131072 32" "xonly_b1|KDTR_FLASH_XR=1|kimi-k2 8 0 131072 1" \
+                  "rows64_b1||kimi-k2 8 0 131072 1"; do
+        IFS='|' read -r tag envs shape <<<"$case"
+        stage ncux_$tag env $envs timeout 200 ncu --clock-control none -k regex:flash90 -s 2 -c 1 --section SourceCounters \
+          --section WarpStateStats --section SpeedOfLight -f -o "$LOGS/ncux_$tag" python3 scripts/run_once.py flash-sm90 $shape
+        ncu -i "$LOGS/ncux_$tag.ncu-rep" --page source --csv --print-source sass >"$OUT/ncux_$tag.csv" 2>"$LOGS/ncux_$tag.err" \
+          || note "ncu --page source failed: $(head -c 300 "$LOGS/ncux_$tag.err")"
+        echo "== $tag ($envs $shape)" >>"$SUMMARY"
+        python3 scripts/ncu_stalls.py "$OUT/ncux_$tag.csv" 12 >>"$SUMMARY" 2>&1
       done
       ;;
     robust)  # crash / trap / hang isolation and compute-sanitizer (tests/test_gpu_isolation.py)
