@@ -1089,11 +1089,10 @@ __global__ void __launch_bounds__(f90::NTHREADS, XR == f90::XR_ONLY ? 2 : 1) kdt
         bar_arrive(BAR_TILE + (i + 1) % STAGES, NTHREADS);
       }
       laps.lap(1);
+      wgmma_wait<0>();  // P V (MAIN) or O^T (XONLY)
       if (MAIN) {
-        wgmma_wait<0>();
         reg_fence(acc);
       } else {
-        wgmma_wait<0>();
 #pragma unroll
         for (int j = 0; j < OX_TILES; ++j) reg_fence(accx[j]);
       }

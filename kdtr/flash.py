@@ -147,11 +147,11 @@ class FlashKernel:
         pl = plan(pr.B, pr.T, pr.H, int(pr.prefix_lens.max()), info["sm_count"], cfg["BN"], self.bug, mt, per_sm,
                   kn.splits or None, can_merge, v.extra_rows if kn.xr != "0" else 0, kn.xr == "1", kn.merge_units,
                   x_only, kn.tail)
-        main = self._load(v.main.format(mt=mt, out=out_t, bug=self.bug, merge=int(pl.merge), xr=pl.xr))
         seg = choose_segments(pr.prefix_lens, pr.T, pr.H, pl, info["sm_count"] * per_sm, cfg["BN"], v.tile_ns,
                               self.bug, kn.segments, info["l2_bytes"], bool(kn.splits))
         if seg is not None:
             return self._segment_steps(dp, seg, mt, out_t, cfg)
+        main = self._load(v.main.format(mt=mt, out=out_t, bug=self.bug, merge=int(pl.merge), xr=pl.xr))
         no_work = (device_ints(np.zeros(0, np.int32)),) if v.tile_ns else ()
         steps = [(main, pl.grid, (threads, 1, 1), smem, (*self._tensor_map_args(dp, cfg), *no_work))]
         if pl.tail:  # beside the row tiles' launch: dependent, so it starts at once (it waits only at its end)
