@@ -12,9 +12,10 @@
 // out directly. A partial row index prow addresses both arrays: lse at prow, out at prow * 512.
 // The merge runs as kdtr_flash_combine_rows<OutT> (one warp per row: many-row grids, splits <=
 // COMBINE_ROWS_MAX_SPLITS), as kdtr_flash_combine<OutT>, launched with grid (R, B, chunks <=
-// COMBINE_MAX_CHUNKS) and block 32 * COMBINE_WARPS (decode: few rows, up to hundreds of splits), or
-// inside a main kernel that calls kdtr::merge_in_kernel (flash-sm90 on one-wave grids); kdtr/flash_plan.py
-// decides. The three merge kernels open with kdtr::pdl_wait(): on sm_90+ they are launched dependent
+// COMBINE_MAX_CHUNKS) and block 32 * COMBINE_WARPS (decode batches: up to hundreds of splits), as
+// kdtr_flash_combine_narrow<OutT> (32-column chunks: rows too few for 128-column chunks to fill the
+// GPU), or inside a main kernel that calls kdtr::merge_in_kernel (flash-sm90 on one-wave grids);
+// kdtr/flash_plan.py decides. The merge kernels open with kdtr::pdl_wait(): on sm_90+ they are launched dependent
 // on the main kernel (kdtr/pdl.py), which releases them at entry, so their launch overlaps its tail.
 
 #pragma once
@@ -115,6 +116,18 @@ constexpr int COMBINE_WARPS = 8;        // warps of the combine kernel (and of f
 constexpr int COMBINE_MAX_CHUNKS = 4;   // CTAs per row at most: column chunks (grid.z = 1, 2 or 4; kdtr/flash_plan.py picks)
 constexpr int COMBINE_ROWS_MAX_SPLITS = 32;  // kdtr_flash_combine_rows: lane s holds split s's lse
 constexpr int COMBINE_RED_FLOATS = COMBINE_WARPS * 129 + COMBINE_WARPS;  // shared scratch of merge_row
+// kdtr::merge_chunk_narrow (kdtr_flash_combine_narrow's body): COMBINE_NARROW_COLS columns
+// a unit, a float4 per lane; NARROW_BATCH loads a lane in flight make 288 splits one step (>= the 264 of two
+// XR_ONLY CTAs on each of 132 SMs). KDTR_NARROW_COLS=16 or 64: an experiment knob (-D), the unit width timed
+// against 32 (docs/PERF.md, session 15: both slower on Kimi T1 B1)
+#ifndef KDTR_NARROW_COLS
+#define KDTR_NARROW_COLS 32
+#endif
+constexpr int COMBINE_NARROW_COLS = KDTR_NARROW_COLS;
+static_assert(COMBINE_NARROW_COLS == 16 || COMBINE_NARROW_COLS == 32 || COMBINE_NARROW_COLS == 64, "a float4 per lane, 2-8 splits a warp");
+constexpr int NARROW_LANES = COMBINE_NARROW_COLS / 4, NARROW_BATCH = 9;
+constexpr float NARROW_FLOOR = -3.0e38f;  // below any lse; (floor - lse) * LOG2E overflows to -inf
+constexpr int NARROW_RED_FLOATS = COMBINE_WARPS * NARROW_LANES * 6;  // shared scratch of merge_chunk_narrow
 // Partial rows in flight per warp in kdtr::merge_row. In-kernel merges run on one-wave grids: 8 warps
 // x 17 = 136 >= the splits of a 132-SM grid, all in one step. The combine kernel keeps 8-9: at 17 its
 // 256 threads needed more than 168 registers on sm_120 (spills).
@@ -219,6 +232,85 @@ __device__ __forceinline__ void merge_row(const KdtrParams& p, int row, int b, i
   }
   if (col0 == 0 && warp == 0 && lane == 0) p.lse[(long long)b * R + row] = M + logf(total);
   sync();  // red is reused by the next row
+}
+
+// Merges output row `row` of request b, columns [chunk * C, chunk * C + C) with C = COMBINE_NARROW_COLS,
+// from the splits' partials (as merge_row). 8 lanes share a partial row's 128 bytes, so a warp reads 4 splits
+// per load and the COMBINE_WARPS calling warps 32; NARROW_BATCH loads a lane in flight make 288 splits one
+// step: <= 288 splits are one L2 round trip for 9 KB of lse and 36 KB of rows. Each thread keeps a running
+// maximum over its splits s = slot + 32 k (in order); the 4 threads of a column in a warp, then the warps,
+// combine theirs in a fixed order, so the result does not depend on timing. `red`: NARROW_RED_FLOATS of
+// shared memory; `sync`: a barrier of the calling warps; chunk 0 writes lse.
+template <typename OutT, typename Sync>
+__device__ __forceinline__ void merge_chunk_narrow(const KdtrParams& p, int row, int b, int chunk, int warp, int lane,
+                                                   float* red, Sync sync) {
+  constexpr int STRIDE = COMBINE_WARPS * 32 / NARROW_LANES;  // splits a load
+  const int R = p.T * p.H, S = p.num_splits, q = lane % NARROW_LANES;
+  const int slot = warp * (32 / NARROW_LANES) + lane / NARROW_LANES;  // this thread's first split
+  const float* ws_o = static_cast<const float*>(p.workspace);
+  const float* lse_s = ws_o + (long long)p.B * S * R * KDTR_DV + (long long)b * S * R + row;  // stride R
+  const int c4 = chunk * NARROW_LANES + q;  // this lane's float4 of a partial row
+  float m = NARROW_FLOOR, wsum = 0.f;  // a finite floor, not -inf: 2^(-inf - m) is then 0, never NaN
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+  for (int s0 = slot; s0 < S; s0 += STRIDE * NARROW_BATCH) {
+    float ls[NARROW_BATCH];
+    float4 x[NARROW_BATCH];
+#pragma unroll
+    for (int k = 0; k < NARROW_BATCH; ++k) {  // past S: split S - 1 again, weight 0 (as merge_row)
+      const int sk = min(s0 + k * STRIDE, S - 1);
+      ls[k] = lse_s[(long long)sk * R];
+      x[k] = reinterpret_cast<const float4*>(ws_o + (((long long)b * S + sk) * R + row) * KDTR_DV)[c4];
+    }
+    float mk = m;
+#pragma unroll
+    for (int k = 0; k < NARROW_BATCH; ++k) {
+      ls[k] = s0 + k * STRIDE < S ? ls[k] : neg_inf();
+      mk = fmaxf(mk, ls[k]);
+    }
+    const float scale = exp2f((m - mk) * LOG2E);
+    wsum *= scale;
+    acc = make_float4(acc.x * scale, acc.y * scale, acc.z * scale, acc.w * scale);
+#pragma unroll
+    for (int k = 0; k < NARROW_BATCH; ++k) {
+      const float w = exp2f((ls[k] - mk) * LOG2E);
+      wsum += w;
+      acc.x += w * x[k].x;
+      acc.y += w * x[k].y;
+      acc.z += w * x[k].z;
+      acc.w += w * x[k].w;
+    }
+    m = mk;
+  }
+  auto merge = [&](float m2, float w2, float4 a2) {  // (m, wsum, acc) += (m2, w2, a2); symmetric in the two
+    const float M = fmaxf(m, m2), s1 = exp2f((m - M) * LOG2E), s2 = exp2f((m2 - M) * LOG2E);
+    wsum = wsum * s1 + w2 * s2;
+    acc = make_float4(acc.x * s1 + a2.x * s2, acc.y * s1 + a2.y * s2, acc.z * s1 + a2.z * s2, acc.w * s1 + a2.w * s2);
+    m = M;
+  };
+#pragma unroll
+  for (int off = NARROW_LANES; off < 32; off *= 2) {  // the warp's threads of column q
+    const float m2 = __shfl_xor_sync(0xffffffffu, m, off), w2 = __shfl_xor_sync(0xffffffffu, wsum, off);
+    const float4 a2 = make_float4(__shfl_xor_sync(0xffffffffu, acc.x, off), __shfl_xor_sync(0xffffffffu, acc.y, off),
+                                  __shfl_xor_sync(0xffffffffu, acc.z, off), __shfl_xor_sync(0xffffffffu, acc.w, off));
+    merge(m2, w2, a2);
+  }
+  float* mine = red + (warp * NARROW_LANES + q) * 6;  // red: [warps][NARROW_LANES][max, weight sum, 4 sums]
+  if (lane < NARROW_LANES) {
+    mine[0] = m, mine[1] = wsum, mine[2] = acc.x, mine[3] = acc.y, mine[4] = acc.z, mine[5] = acc.w;
+  }
+  sync();
+  if (warp == 0 && lane < NARROW_LANES) {
+    for (int w = 1; w < COMBINE_WARPS; ++w) {  // warps in order
+      const float* r = red + (w * NARROW_LANES + q) * 6;
+      merge(r[0], r[1], make_float4(r[2], r[3], r[4], r[5]));
+    }
+    const float inv = 1.f / wsum;
+    OutT* out = static_cast<OutT*>(p.out) + ((long long)b * R + row) * KDTR_DV + 4 * c4;
+    store2<OutT>(out, acc.x * inv, acc.y * inv);
+    store2<OutT>(out + 2, acc.z * inv, acc.w * inv);
+    if (chunk == 0 && lane == 0) p.lse[(long long)b * R + row] = m + logf(wsum);
+  }
+  sync();  // red is reused by the next chunk
 }
 
 // The merge inside a main kernel, for a grid whose CTAs are all resident at once (one wave;
@@ -354,6 +446,19 @@ __global__ void __launch_bounds__(32 * COMBINE_WARPS) kdtr_flash_combine_jobs(co
                                    [&](int s) { return (long long)(slot0 + s) * ROWS + rl; }, S,
                                    static_cast<OutT*>(p.out) + ((long long)b * R + row) * KDTR_DV,
                                    p.lse + (long long)b * R + row, threadIdx.x & 31);
+}
+
+// One CTA per (row, request, 32-column chunk), grid (R, B, 512 / COMBINE_NARROW_COLS): kdtr::merge_chunk_narrow,
+// for grids whose rows are too few to fill the GPU with kdtr_flash_combine's 128-column chunks (decode:
+// 8 rows, 129-264 splits; there a CTA read every split of its 128 columns in steps of 72 partial rows, an L2
+// round trip each, with the lse maximum a trip of its own: ~6 us after XR_ONLY's 241 splits, docs/PERF.md
+// session 15).
+template <typename OutT>
+__global__ void __maxnreg__(128) kdtr_flash_combine_narrow(const KdtrParams p) {  // 256 threads (COMBINE_WARPS)
+  __shared__ float red[NARROW_RED_FLOATS];
+  kdtr::pdl_wait();  // launched as dependent of the main kernel (kdtr/flash.py)
+  kdtr::merge_chunk_narrow<OutT>(p, blockIdx.x, blockIdx.y, blockIdx.z, threadIdx.x >> 5, threadIdx.x & 31, red,
+                                 [] { __syncthreads(); });
 }
 
 // One CTA per (row, request, column chunk): kdtr::merge_row over the chunk's columns. Decode

@@ -21,8 +21,9 @@ from kdtr.presets import DK, DV
 COMBINE = "kdtr_flash_combine<{out}>"
 COMBINE_ROWS = "kdtr_flash_combine_rows<{out}>"
 COMBINE_JOBS = "kdtr_flash_combine_jobs<{out}, {rows}>"
+COMBINE_NARROW = "kdtr_flash_combine_narrow<{out}>"
 """Name templates of the split merges (cuda/flash_split.cuh): per row and column chunk, a warp per row,
-the segments' cut jobs."""
+the segments' cut jobs, per row and 32-column chunk."""
 
 NS_PER_KEY = 50.0
 """Model: one CTA's time per key of a full tile (~max of MMA time and KV bytes at one SM's share)."""
@@ -150,13 +151,18 @@ def combine_chunks(rows_total: int, sm_count: int, max_chunks: int) -> int:
 def combine_launch(R: int, B: int, splits: int, sm_count: int, cfg: dict, force: str = "") -> tuple[str, tuple]:
     """(name template, grid) of the split merge launch. A warp per row (``COMBINE_ROWS``) where
     the rows alone cover the GPU twice and every split's lse fits a lane: the row-per-CTA merge
-    is latency-bound there (docs/PERF.md, session 6); else ``COMBINE`` with column chunks.
-    ``force``: "rows" or "split" (experiments and tests; "rows" still needs splits to fit)."""
+    is latency-bound there (docs/PERF.md, session 6); ``COMBINE_NARROW`` (32-column chunks) where
+    ``COMBINE``'s widest chunks leave half the SMs idle (Kimi decode, 8 rows: 32 CTAs, each reading its
+    hundreds of splits in steps of one L2 round trip; docs/PERF.md, session 15); else ``COMBINE``
+    with column chunks. ``force``: "rows", "split" or "narrow" (experiments and tests; "rows" still
+    needs splits to fit)."""
     chunks = combine_chunks(R * B, sm_count, cfg["COMBINE_MAX_CHUNKS"])
     fits = splits <= cfg["COMBINE_ROWS_MAX_SPLITS"]
-    if fits and (force == "rows" or (force != "split" and chunks == 1)):
+    if fits and (force == "rows" or (force not in ("split", "narrow") and chunks == 1)):
         warps = cfg["COMBINE_THREADS"] // 32
         return COMBINE_ROWS, (-(-R // warps), B, 1)
+    if force == "narrow" or (not force and 2 * R * B * chunks <= sm_count):
+        return COMBINE_NARROW, (R, B, DV // cfg["COMBINE_NARROW_COLS"])
     return COMBINE, (R, B, chunks)
 
 
@@ -181,9 +187,11 @@ def plan(B: int, T: int, H: int, prefix_max: int, sm_count: int, bn: int, bug: i
     decode slower than the combine launch (docs/PERF.md, session 4). ``extra_rows``: the kernel's XR_MAX
     (extra_row_tiles), taken where the cost model says it pays, or wherever it applies with ``xr_always``.
     ``x_only_ctas_per_sm``: the XR_ONLY build's residency (0: none). A request of at most ``extra_rows`` rows
-    takes it where the 64-row plan needs more than one wave (two CTAs per SM halve the waves: Kimi T1 P128k
-    B32 2-7 % faster in three runs), or always with ``xr_always``; one-wave grids keep the 64-row build (B1:
-    its in-kernel merge, 1.3-1.9 us faster; P32k B32: 0.5-4 % faster; docs/PERF.md, session 13).
+    takes it: where the 64-row plan needs more than one wave, two CTAs per SM halve the waves (Kimi T1 P128k
+    B32 2-7 % faster, session 13); on one-wave grids (Kimi T1 B1-B4) it streams faster and, since the
+    combine launch merges few rows in 32-column chunks, ends 0.7-3.2 us sooner than the 64-row build with
+    its in-kernel merge (docs/PERF.md, session 15; merging in-kernel, in 32-column units, it was no
+    faster: branch wip/xonly-narrow-merge).
     ``tail``: "1" runs the 1..8 rows of 64 k + 1..8 as a tail launch (FlashPlan.tail): the 64-row tiles get
     the splits that the tail's half-SM CTAs leave room for (Kimi T9 B1: 88 instead of 66 on 132 SMs). Only
     where forced: it measured 1.3-9.1 us slower on Kimi T9 / T17 (docs/PERF.md, session 13)."""
@@ -196,12 +204,8 @@ def plan(B: int, T: int, H: int, prefix_max: int, sm_count: int, bn: int, bug: i
         s = max(2, s) if bug == Bug.MERGE_WRONG_MAX else s
         return FlashPlan(mt, row_tiles, s, B, False, 0, True)
     if x_only_ctas_per_sm and 0 < rows <= extra_rows:
-        args = (B, T, H, prefix_max, sm_count, bn, bug, mt)
-        keep = plan(*args, ctas_per_sm, splits, can_merge, extra_rows, xr_always, merge_units)
-        if not xr_always and B * keep.row_tiles * keep.splits <= sm_count * ctas_per_sm:
-            return keep
-        x_only = plan(*args, x_only_ctas_per_sm, splits, merge_units=merge_units)
-        return FlashPlan(x_only.mt, 1, x_only.splits, B, False, XR_ONLY)
+        s = plan(B, T, H, prefix_max, sm_count, bn, bug, mt, x_only_ctas_per_sm, splits, merge_units=merge_units).splits
+        return FlashPlan(mt, 1, s, B, False, XR_ONLY)
     slots = sm_count * ctas_per_sm
     chosen = splits or choose_splits(prefix_max, T, bn, row_tiles * B, rows, B, slots)
     if xr and not xr_always:  # transposed rows only where the model says they pay (their tiles cost XR_TILE_COST)

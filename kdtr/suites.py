@@ -61,8 +61,8 @@ def ci() -> list[CaseSpec]:
         _c("json,captured", model=DSV3, heads=2, prefix_lens=(65, 3), family="json", budget=23,
            json_path=str(CAPTURED_TREES)),
         _c("root,P0", model=DSV3, heads=H_DSV3, prefix_lens=(0,), family="root", kv_dtype="fp32", out_dtype="fp32"),
-        # 8 rows or fewer in bf16: Kimi decode and a 4-node tree (flash-sm90 runs them as XR_ONLY where that is
-        # forced, KDTR_FLASH_XR=1, as the GPU tests and sanitizer runs do; its plan keeps these one-wave grids 64-row)
+        # 8 rows or fewer in bf16: Kimi decode and a 4-node tree (flash-sm90's plan runs them as XR_ONLY, every
+        # row transposed; KDTR_FLASH_XR=0 forces its 64-row build)
         _c("decode,edges,mixed-batch,pg64", model=KIMI, heads=H_KIMI, prefix_lens=(0, 1, 33, 64, 65, 300), family="root"),
         _c("ddtree,b3,mixed-batch", model=KIMI, heads=2, prefix_lens=(31, 130), budget=3, profile="uncertain"),
     ]

@@ -70,6 +70,12 @@ def report(title, raw, ends, grid, t0, event_us):
         print("  loop ends (us after the first entry), percentiles 0/10/50/90/100: "
               + " / ".join(f"{np.percentile(e, q):.1f}" for q in (0, 10, 50, 90, 100)))
         rel = (ends - t0) / 1e3
+        n_sm = cp.cuda.Device().attributes["MultiProcessorCount"]
+        if (ends[n_sm:] > 0).any():  # CTAs past the SM count share an SM with an earlier one (if placed breadth-first)
+            first, rest = rel[:n_sm][ends[:n_sm] > 0], rel[n_sm:][ends[n_sm:] > 0]
+            print("  loop ends by CTA number, p10/50/90: the first " + f"{n_sm}: "
+                  + " / ".join(f"{np.percentile(first, q):.1f}" for q in (10, 50, 90)) + f"; the other {rest.size}: "
+                  + " / ".join(f"{np.percentile(rest, q):.1f}" for q in (10, 50, 90)))
         late = np.nonzero((ends > 0) & (rel > np.percentile(e, 90) + 5.0))[0]
         if late.size:  # CTA x + gridDim.x * (y + gridDim.y * z), as the kernel numbers them
             print("  CTAs ending > 5 us after the 90th percentile: "

@@ -31,6 +31,7 @@
 #   tailprof: Kimi T9 B1 profiled as planned and with KDTR_FLASH_TAIL=1 (the tail launch's grid beside the first),
 #           then Kimi T1 P32k / P64k and T9 P32k B1 (a CTA's tile rate from DRAM against from L2)
 #   xonlyprof: Kimi T1 B1 profiled and timed as planned, XR_ONLY forced, XR_ONLY forced on 132 splits
+#   narrow: the narrow combine: ci, flash tests, flash sanitizer tests, Kimi T1 timings, the sweep
 #   ncuxonly: per-instruction stall samples of XR_ONLY (Kimi T1 P128k B32 planned, B1 forced) and the 64-row B1
 #   xonly : flash-sm90's XR_ONLY decode: ci, its GPU tests, timings as planned, KDTR_FLASH_XR=0 and =1
 #   seg   : flash-sm90's segments: ci (planned, then forced) + every flash test + forced-path sanitizer tests, then
@@ -93,9 +94,9 @@ sanitize_ci() {  # sanitize_ci KERNEL...: memcheck and racecheck on the ci suite
 
 long_flash() {  # generate the long suite (CPU reference), verify flash-sm90 and flash on it
   OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 stage gen_long timeout 100 $KDTR gen --suite long -j 14 --out "$KDTR_CACHE_DIR/suites/long"
-  stage verify_sm90_long timeout 60 $KDTR verify -k flash-sm90 long --json "$LOGS/verify_sm90_long.json"
+  stage verify_sm90_long timeout 120 $KDTR verify -k flash-sm90 long --repeat 3 --json "$LOGS/verify_sm90_long.json"
   tail -n 2 "$LOGS/verify_sm90_long.log" >>"$SUMMARY"
-  stage verify_flash_long timeout 90 $KDTR verify -k flash long --json "$LOGS/verify_flash_long.json"
+  stage verify_flash_long timeout 150 $KDTR verify -k flash long --repeat 3 --json "$LOGS/verify_flash_long.json"
   tail -n 2 "$LOGS/verify_flash_long.log" >>"$SUMMARY"
 }
 
@@ -372,16 +373,35 @@ for mode in "${@:-check}"; do
       ;;
     ncuxonly)  # what bounds an XR_ONLY tile two CTAs to an SM (docs/PERF.md, session 14's next step): per-instruction
                # stall samples of XR_ONLY (Kimi T1 P128k B32 as planned, B1 forced) beside the 64-row build's B1
+      # pipe and shared-memory bank use: only the counters this ncu knows (a missing name fails the whole profile)
+      NCUX_METRICS=$(ncu --query-metrics 2>/dev/null | awk '{print $1}' \
+        | grep -E '^(sm__pipe_tensor_op_gmma_cycles_active|sm__pipe_shared_cycles_active|l1tex__data_bank_reads|l1tex__data_bank_writes|smsp__issue_active)$' \
+        | sed 's/$/.avg.pct_of_peak_sustained_active/' | paste -sd, -)
+      note "ncu metrics: ${NCUX_METRICS:-none found}"
+      NCUX_METRICS=${NCUX_METRICS:-smsp__issue_active.avg.pct_of_peak_sustained_active}
       for case in "xonly_b32||kimi-k2 8 0 131072 32" "xonly_b1|KDTR_FLASH_XR=1|kimi-k2 8 0 131072 1" \
                   "rows64_b1||kimi-k2 8 0 131072 1"; do
         IFS='|' read -r tag envs shape <<<"$case"
         stage ncux_$tag env $envs timeout 200 ncu --clock-control none -k regex:flash90 -s 2 -c 1 --section SourceCounters \
-          --section WarpStateStats --section SpeedOfLight -f -o "$LOGS/ncux_$tag" python3 scripts/run_once.py flash-sm90 $shape
+          --section WarpStateStats --section SpeedOfLight --metrics "$NCUX_METRICS" -f -o "$LOGS/ncux_$tag" \
+          python3 scripts/run_once.py flash-sm90 $shape
+        ncu -i "$LOGS/ncux_$tag.ncu-rep" --page details --csv 2>/dev/null \
+          | grep -E 'Throughput|Duration|gmma|bank|issue_active|SM Frequency' | awk -F'","' '{print $(NF-2), $NF}' >>"$SUMMARY"
         ncu -i "$LOGS/ncux_$tag.ncu-rep" --page source --csv --print-source sass >"$OUT/ncux_$tag.csv" 2>"$LOGS/ncux_$tag.err" \
           || note "ncu --page source failed: $(head -c 300 "$LOGS/ncux_$tag.err")"
         echo "== $tag ($envs $shape)" >>"$SUMMARY"
         python3 scripts/ncu_stalls.py "$OUT/ncux_$tag.csv" 12 >>"$SUMMARY" 2>&1
       done
+      ;;
+    narrow)  # the narrow combine (session 15): ci, every flash test, the sanitizer tests of flash and flash-sm90
+             # (the 8-row goldens through XR_ONLY and the narrow combine), Kimi T1 timings against the 64-row build, the sweep
+      ci_verify flash flash-sm90
+      flash_tests
+      stage pytest_san timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_isolation.py -k "flash and sanitizer"
+      tail -n 3 "$LOGS/pytest_san.log" >>"$SUMMARY"
+      stage ablate_narrow python3 scripts/sm90_ablate.py t1narrow base= rows64=KDTR_FLASH_XR=0 base2=
+      grep -vE "^$" "$LOGS/ablate_narrow.log" | tail -n 17 >>"$SUMMARY"
+      bench_sets
       ;;
     robust)  # crash / trap / hang isolation and compute-sanitizer (tests/test_gpu_isolation.py)
       stage pytest_robust timeout 420 python3 -m pytest -q -rs -s -m gpu -p no:cacheprovider tests/test_gpu_isolation.py

@@ -44,6 +44,8 @@ SHAPES = {
                 + bench.grid(["deepseek-v3"], [8], [256], [8192], [1])),
     "decode": bench.grid(["kimi-k2"], [8], [0, 4, 8], [32768, 131072], [1]),
     "t9": bench.grid(["kimi-k2"], [8], [8], [32768, 131072], [1]),
+    "t1batch": bench.grid(["kimi-k2"], [8], [0], [32768, 131072], [1, 2, 4]),  # one-wave Kimi decode batches
+    "t1narrow": bench.grid(["kimi-k2"], [8], [0], [32768, 131072], [1, 2]),  # where the narrow combine runs
     "t15": bench.grid(["kimi-k2"], [8], [0, 4], [32768, 131072], [1]),
     "recheck": (bench.grid(["deepseek-v3"], [8], [64], [131072], [8]) + bench.grid(["deepseek-v3"], [8], [64], [32768], [1])
                 + bench.grid(["kimi-k2"], [8], [0, 4], [32768], [1])),

@@ -107,13 +107,17 @@ def test_decode_split_count_counts_the_tail_tile():
 def test_combine_launch_takes_a_warp_per_row_where_rows_fill_the_gpu():
     """Compute shapes (1040+ rows, splits that fit a lane each) merge a warp per row; decode
     batches keep the row-per-CTA merge with column chunks, and so does any split count above the
-    rows kernel's limit; KDTR_FLASH_COMBINE's values force either where it can run."""
-    from kdtr.flash_plan import COMBINE, COMBINE_ROWS, combine_launch
+    rows kernel's limit, unless those chunks leave most SMs idle (one 8-row request: 32-column
+    chunks); KDTR_FLASH_COMBINE's values force each where it can run."""
+    from kdtr.flash_plan import COMBINE, COMBINE_NARROW, COMBINE_ROWS, combine_launch
 
-    cfg = {"COMBINE_MAX_CHUNKS": 4, "COMBINE_ROWS_MAX_SPLITS": 32, "COMBINE_THREADS": 256}
+    cfg = {"COMBINE_MAX_CHUNKS": 4, "COMBINE_ROWS_MAX_SPLITS": 32, "COMBINE_THREADS": 256, "COMBINE_NARROW_COLS": 32}
     assert combine_launch(1040, 1, 7, H200_SMS, cfg) == (COMBINE_ROWS, (130, 1, 1))
     assert combine_launch(4112, 8, 2, H200_SMS, cfg) == (COMBINE_ROWS, (514, 8, 1))
-    assert combine_launch(8, 1, 66, H200_SMS, cfg) == (COMBINE, (8, 1, 4))  # decode
+    assert combine_launch(8, 1, 241, H200_SMS, cfg) == (COMBINE_NARROW, (8, 1, 16))  # decode, 32 CTAs of 4 chunks
+    assert combine_launch(8, 4, 66, H200_SMS, cfg) == (COMBINE, (8, 4, 4))  # 128 CTAs of 4 chunks: nearly a wave
+    assert combine_launch(72, 1, 66, H200_SMS, cfg) == (COMBINE, (72, 1, 4))  # Kimi T9 B1
+    assert combine_launch(72, 1, 66, H200_SMS, cfg, force="narrow") == (COMBINE_NARROW, (72, 1, 16))
     assert combine_launch(1040, 1, 33, H200_SMS, cfg) == (COMBINE, (1040, 1, 1))  # splits past a warp
     assert combine_launch(72, 1, 7, H200_SMS, cfg, force="rows") == (COMBINE_ROWS, (9, 1, 1))
     assert combine_launch(1040, 1, 7, H200_SMS, cfg, force="split") == (COMBINE, (1040, 1, 1))
@@ -155,23 +159,21 @@ def test_transposed_rows_where_the_model_says_they_pay(B, P, xr):
     assert pl.xr == xr and pl.row_tiles == (1 if xr else 2)
 
 
-@pytest.mark.parametrize("B, P, x_only", [(1, 32768, False), (1, 131072, False), (32, 32768, False),
-                                           (32, 131072, True), (8, 131072, True), (2, 700, False)])
-def test_eight_rows_or_fewer_run_all_transposed_where_the_grid_takes_waves(B, P, x_only):
-    """Kimi decode (8 rows) takes XR_ONLY where the 64-row plan needs more than one wave (its two CTAs
-    per SM halve the waves: T1 P128k B32 measured 2-7 % faster); one-wave grids keep the 64-row build
-    (B1 merges in-kernel; docs/PERF.md session 13). Forced, XR_ONLY plans one row tile, splits for two
-    resident CTAs per SM (more splits than SMs on B1) and the combine launch (within its 80-register bound the build
-    cannot merge in-kernel). 9 rows and more never take it."""
+@pytest.mark.parametrize("B, P", [(1, 32768), (1, 131072), (4, 32768), (32, 32768), (32, 131072), (8, 131072), (2, 700)])
+def test_eight_rows_or_fewer_run_all_transposed(B, P):
+    """Kimi decode (8 rows) takes XR_ONLY wherever the build exists (docs/PERF.md, sessions 13 and 15):
+    one row tile, splits for two resident CTAs per SM (more splits than SMs on B1: one wave of both) and
+    the combine launch (within its 80-register bound the build cannot merge in-kernel), never more
+    splits than twice the 64-row plan's. Without the build the 64-row plan stands; 9 rows and more
+    never take it."""
     from kdtr.flash_plan import XR_ONLY
 
     kw = dict(T=1, H=8, prefix_max=P, sm_count=H200_SMS, bn=BN, mt=4, can_merge=True, extra_rows=8, x_only_ctas_per_sm=2)
     pl, base = plan(B=B, **kw), plan(B=B, **{**kw, "x_only_ctas_per_sm": 0})
-    assert (pl.xr == XR_ONLY) == x_only == (B * base.splits > H200_SMS)
-    assert pl == base or (pl.row_tiles == 1 and not pl.merge and pl.splits * B <= 2 * B * base.splits)
-    forced = plan(B=B, xr_always=True, **kw)
-    assert forced.xr == XR_ONLY and forced.row_tiles == 1 and not forced.merge
-    assert B > 1 or H200_SMS < forced.splits <= 2 * H200_SMS  # two CTAs per SM: more splits than SMs, one wave
+    assert pl.xr == XR_ONLY and base.xr != XR_ONLY
+    assert pl.row_tiles == 1 and not pl.merge and pl.splits <= 2 * base.splits
+    assert B > 1 or P < 65536 or H200_SMS < pl.splits <= 2 * H200_SMS  # two CTAs per SM: more splits than SMs
+    assert plan(B=B, xr_always=True, **kw) == pl
     kw.update(T=9, H=1)
     assert plan(B=B, xr_always=True, **kw).xr != XR_ONLY  # 9 rows
 
@@ -222,7 +224,7 @@ def sm90_steps_on_a_faked_h200(monkeypatch, B: int, T: int, H: int, P: int, env:
     k = resolve_kernel("flash-sm90")
     k._config = dict(BN=32, STAGES=2, MAX_T=1280, SMEM_MT4=101280, THREADS_MT4=384, COMBINE_THREADS=256,
                      COMBINE_MAX_CHUNKS=4, TMA_BOX_COLS=64, TMA_BOX_SLABS=9, COMBINE_ROWS_MAX_SPLITS=32, WORK_INTS=6,
-                     JOB_INTS=4)
+                     JOB_INTS=4, COMBINE_NARROW_COLS=32)
     from kdtr import tma
 
     monkeypatch.setattr(tma, "encode", lambda spec, ptr: spec)  # the driver encodes it on a GPU
@@ -237,15 +239,19 @@ def sm90_steps_on_a_faked_h200(monkeypatch, B: int, T: int, H: int, P: int, env:
 
 
 def test_the_planned_launches_take_each_build_where_the_plan_says(monkeypatch):
-    """From the plan to the launches (faked launch layer): Kimi decode B1 keeps the 64-row build and
-    merges in-kernel; B32 P128k takes XR_ONLY with its combine launch; T9 B1 two 64-row tiles; the
-    tail launch, forced, follows the 64-row launch dependent on it, then the combine."""
+    """From the plan to the launches (faked launch layer): Kimi decode B1 takes XR_ONLY and the narrow
+    combine launch (KDTR_FLASH_XR=0: the 64-row build, merging in-kernel); B32 P128k takes XR_ONLY with the
+    128-column combine; T9 B1 two 64-row tiles; the tail launch, forced, follows the 64-row launch
+    dependent on it, then the combine."""
     run = lambda *a, **env: sm90_steps_on_a_faked_h200(monkeypatch, *a, env)  # noqa: E731
-    (one,) = run(1, 1, 8, 131072)
+    main, combine = run(1, 1, 8, 131072)
+    assert main[:2] == ("kdtr_flash90_verify<__nv_bfloat16, 0, 0, 1>", (1, 241, 1))
+    assert combine[:2] == ("kdtr_flash_combine_narrow<__nv_bfloat16>", (8, 1, 16)) and combine[2]
+    (one,) = run(1, 1, 8, 131072, KDTR_FLASH_XR="0")
     assert one[0] == "kdtr_flash90_verify<__nv_bfloat16, 0, 1, 0>" and one[1][0] == 1
     main, combine = run(32, 1, 8, 131072)
     assert main[0] == "kdtr_flash90_verify<__nv_bfloat16, 0, 0, 1>" and main[1] == (1, 33, 32)
-    assert combine[0].startswith("kdtr_flash_combine") and combine[2]
+    assert combine[0].startswith("kdtr_flash_combine<") and combine[2]
     assert run(32, 1, 8, 131072, KDTR_FLASH_XR="0")[0][0].endswith(", 0, 0>")
     t9 = run(1, 9, 8, 32768)
     assert t9[0][0].endswith(", 0, 0>") and t9[0][1][0] == 2 and len(t9) == 2

@@ -35,7 +35,7 @@ SANITIZE_BUNDLES = [GOLDENS / "kimi-h4-p0.100-chain16-pg64-bf16-s0.kdtr", GOLDEN
                     GOLDENS / "kimi-h8-p0.1.33.64.65.300-root-pg64-bf16-s0.kdtr",
                     GOLDENS / "kimi-h2-p31.130-ddtree3u-pg64-bf16-s0.kdtr"]
 """Five small bf16 ci goldens (flash takes bf16 only): page sizes 64 and 1, a chain, a star, DDTrees, and
-two of 8 rows (with transposed rows forced, flash-sm90 runs them as XR_ONLY: every row transposed)."""
+two of 8 rows (flash-sm90 runs them as XR_ONLY, every row transposed, merged by the narrow combine)."""
 
 
 def verify(tmp_path, *args):

@@ -70,9 +70,9 @@ def test_builtin_kernel_passes_long(name):
 
 
 MERGE_CASES = {  # KDTR_FLASH_MERGE, model, heads, budget, prefix lengths, the main kernel's {merge} and {xr}, splits at least
-    "decode-in-kernel": ("1", "kimi-k2", 8, 0, (6000, 2500), 1, 0, 32),  # the 64-row build (the plan's default)
+    "decode-in-kernel": ("1", "kimi-k2", 8, 0, (6000, 2500), 1, 0, 32),  # the 64-row build (KDTR_FLASH_XR=0)
     "decode-combine": ("0", "kimi-k2", 8, 0, (6000, 2500), 0, 0, 32),
-    "decode-xonly-combine": ("1", "kimi-k2", 8, 0, (6000, 2500), 0, 1, 32),  # XR_ONLY forced: the combine launch
+    "decode-xonly-combine": ("1", "kimi-k2", 8, 0, (50000, 9000), 0, 1, 128),  # XR_ONLY (the plan): the narrow combine
     "many-rows-combine": ("1", "deepseek-v3", 16, 64, (3000, 1700), 0, 0, 2),  # 2 x 17 row tiles: no in-kernel merge
 }
 
@@ -202,17 +202,17 @@ def test_flash_sm90_reads_full_prefix_tiles_through_the_tensor_map(page_size):
     assert results["shifted"].failed == (page_size == 64), results
 
 
-@pytest.mark.parametrize("combine", ["rows", "split"])
+@pytest.mark.parametrize("combine", ["rows", "split", "narrow"])
 @pytest.mark.parametrize("name", ["flash", "flash-sm90"])
 def test_both_combine_kernels_merge_exactly_and_catch_the_merge_bug(name, combine, monkeypatch):
-    """kdtr_flash_combine_rows (a warp per row) and kdtr_flash_combine (a CTA per row, column chunks)
-    both merge 7 forced splits of a 1040-row request to the reference, relaunch bit-identically,
-    and the planted merge bug fails through each."""
+    """kdtr_flash_combine_rows (a warp per row), kdtr_flash_combine (a CTA per row, column chunks) and
+    kdtr_flash_combine_narrow (a CTA per row and 32 columns) each merge 7 forced splits of a 1040-row
+    request to the reference, relaunch bit-identically, and the planted merge bug fails through each."""
     import numpy as np
 
     from kdtr.cases import CaseSpec, build_problem
     from kdtr.compare import compare
-    from kdtr.flash_plan import COMBINE, COMBINE_ROWS
+    from kdtr.flash_plan import COMBINE, COMBINE_NARROW, COMBINE_ROWS
     from kdtr.launch import DeviceProblem, make_launcher
     from kdtr.reference import reference
     from kdtr.tolerances import default
@@ -225,7 +225,7 @@ def test_both_combine_kernels_merge_exactly_and_catch_the_merge_bug(name, combin
     want, tol = reference(prob)[0], default(spec.kv_dtype, spec.out_dtype, "out")
     dp = DeviceProblem(prob, spec.out_dtype)
     steps, ws, splits = resolve_kernel(name).steps(dp)
-    expect = (COMBINE_ROWS if combine == "rows" else COMBINE).split("<")[0]
+    expect = {"rows": COMBINE_ROWS, "split": COMBINE, "narrow": COMBINE_NARROW}[combine].split("<")[0]
     assert splits == 7 and len(steps) == 2 and all(e.startswith(expect + "<") for e in steps[1][0].compiled.lowered)
     go = make_launcher(dp, steps, ws, splits)
     go()
@@ -235,6 +235,38 @@ def test_both_combine_kernels_merge_exactly_and_catch_the_merge_bug(name, combin
     assert not compare(once, want, tol).status.failed
     buggy = resolve_kernel(variant_name(name, Bug.MERGE_WRONG_MAX)).run(prob, spec.out_dtype)
     assert compare(buggy.out, want, tol).status.failed
+
+
+@pytest.mark.parametrize("xr", ["0", "1"])
+@pytest.mark.parametrize("name", ["flash", "flash-sm90"])
+def test_narrow_combine_merges_hundreds_of_splits_some_empty(name, xr, monkeypatch):
+    """Kimi decode (8 rows a request, two requests) as its plan merges it on a few rows:
+    kdtr_flash_combine_narrow, here over 300 forced splits, more than its one step of 288, and the
+    splits past the shorter prefix's tiles see no key (lse -inf). Both requests' out and lse match
+    the reference (64-row tiles, and XR_ONLY where flash-sm90 has it), a relaunch gives the same
+    bits, and the planted merge bug fails."""
+    from kdtr.cases import CaseSpec, build_problem
+    from kdtr.compare import compare
+    from kdtr.flash_plan import COMBINE_NARROW
+    from kdtr.launch import DeviceProblem, make_launcher
+    from kdtr.reference import reference
+    from kdtr.tolerances import default
+
+    if xr == "1" and name != "flash-sm90":
+        pytest.skip("XR_ONLY is flash-sm90's")
+    monkeypatch.setenv("KDTR_FLASH_SPLITS", "300")
+    monkeypatch.setenv("KDTR_FLASH_MERGE", "0")
+    monkeypatch.setenv("KDTR_FLASH_XR", xr)
+    spec = CaseSpec(model="kimi-k2", heads=8, prefix_lens=(11000, 5000), family="root", budget=0, page_size=64)
+    prob, _ = build_problem(spec)
+    want = reference(prob)
+    dp = DeviceProblem(prob, spec.out_dtype)
+    steps, ws, splits = resolve_kernel(name).steps(dp)
+    assert splits == 300 and len(steps) == 2, (splits, len(steps))
+    assert all(e.startswith(COMBINE_NARROW.split("<")[0] + "<") for e in steps[1][0].compiled.lowered)
+    relaunch_matches(dp, make_launcher(dp, steps, ws, splits), want, spec.kv_dtype, spec.out_dtype)
+    buggy = resolve_kernel(variant_name(name, Bug.MERGE_WRONG_MAX)).run(prob, spec.out_dtype)
+    assert compare(buggy.out, want[0], default(spec.kv_dtype, spec.out_dtype, "out")).status.failed
 
 
 def relaunch_matches(dp, go, want, kv_dtype: str, out_dtype: str) -> None:
@@ -335,16 +367,16 @@ XONLY_CASES = {  # (heads, budget, prefix lengths, page size, tree family, out d
     "2-heads-4-nodes": (2, 3, (700, 0), 64, "ddtree", "bf16", None),
     "8-node-chain-direct": (1, 7, (300,), 64, "chain", "bf16", "1"),  # one split: out written directly
     "5-node-star-3splits-page1": (1, 4, (2100, 64), 1, "star", "bf16", "3"),
+    "kimi-decode-page1-171-splits": (8, 0, (16384,), 1, "root", "fp32", None),  # the planned B1 grid (two CTAs an SM)
 }
 
 
 @pytest.mark.parametrize("case", sorted(XONLY_CASES))
 def test_flash_sm90_all_rows_transposed_match_the_reference(case, monkeypatch):
-    """Requests of 1..8 rows (Kimi decode) run as XR_ONLY, here forced (the plan takes it only where the
-    64-row build needs several waves): one row tile whose rows are all transposed products, two CTAs per
-    SM. out and lse match the reference in every row,
+    """Requests of 1..8 rows (Kimi decode) run as XR_ONLY (the plan's choice, forced here too): one row
+    tile whose rows are all transposed products, two CTAs per SM. out and lse match the reference in every row,
     over prefix edges, both page sizes, trees whose rows see different tail keys and one split as well
-    as several, and a relaunch gives the same bits."""
+    as several (171 on one request: more than the SMs), and a relaunch gives the same bits."""
     from kdtr.flash_plan import XR_ONLY
     from kdtr.launch import make_launcher
 
@@ -362,7 +394,7 @@ def test_flash_sm90_all_rows_transposed_match_the_reference(case, monkeypatch):
 
 @pytest.mark.parametrize("bug", PLANTED, ids=lambda b: b.slug)
 def test_flash_sm90_all_rows_transposed_carry_every_planted_bug(bug: Bug, monkeypatch):
-    """Each planted bug shows when every row is transposed (XR_ONLY, forced): an
+    """Each planted bug shows when every row is transposed (XR_ONLY): an
     8-node star (siblings for the sibling bug), P = 700 (pages and a partial tile) and P = 1 (the
     one prefix key the drop-key bug loses)."""
     from kdtr.cases import CaseSpec
