@@ -281,7 +281,7 @@ __device__ __forceinline__ void merge_chunk_narrow(const KdtrParams& p, int row,
     }
     m = mk;
   }
-  auto merge = [&](float m2, float w2, float4 a2) {  // (m, wsum, acc) += (m2, w2, a2); symmetric in the two
+  auto merge = [&](float m2, float w2, float4 a2) {  // (m, wsum, acc) += (m2, w2, a2), in this lane's fixed order
     const float M = fmaxf(m, m2), s1 = exp2f((m - M) * LOG2E), s2 = exp2f((m2 - M) * LOG2E);
     wsum = wsum * s1 + w2 * s2;
     acc = make_float4(acc.x * s1 + a2.x * s2, acc.y * s1 + a2.y * s2, acc.z * s1 + a2.z * s2, acc.w * s1 + a2.w * s2);
