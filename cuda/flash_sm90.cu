@@ -208,6 +208,7 @@ struct __align__(64) KvTensorMap {
 #ifdef KDTR_F90_PROFILE
 extern "C" __device__ unsigned long long kdtr_f90_prof[32] = {};
 extern "C" __device__ unsigned long long kdtr_f90_ends[4096] = {};  // CTA x: its consumers' loop end (globaltimer ns)
+extern "C" __device__ unsigned long long kdtr_f90_smid[4096] = {};  // CTA x: 1 + the SM it ran on (0: not run)
 #endif
 namespace f90 {
 constexpr int PROF_PRODUCER = 0, PROF_CONSUMER = 5;
@@ -267,7 +268,12 @@ struct CtaPhases {
       atomicMin(&kdtr_f90_prof[LOOP_MIN], n);
       atomicMax(&kdtr_f90_prof[LOOP_MAX], n);
       const unsigned cta = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
-      if (cta < 4096) atomicMax(&kdtr_f90_ends[cta], n);
+      unsigned sm;
+      asm volatile("mov.u32 %0, %%smid;\n" : "=r"(sm));
+      if (cta < 4096) {
+        atomicMax(&kdtr_f90_ends[cta], n);
+        kdtr_f90_smid[cta] = 1ull + sm;
+      }
     }
   }
   __device__ __forceinline__ void add(int slot, long long v) const {

@@ -43,12 +43,31 @@ variants = dict(a.split("=", 1) for a in sys.argv[1:] if "=" in a) or {"base": "
 
 
 def counters(loaded):
-    """The profile build's two counter arrays of one loaded kernel (each build is its own module)."""
-    return (cp.ndarray((32,), cp.uint64, loaded.module.get_global("kdtr_f90_prof")),
-            cp.ndarray((4096,), cp.uint64, loaded.module.get_global("kdtr_f90_ends")))
+    """The profile build's counter arrays of one loaded kernel (each build is its own module): the
+    sums, each CTA's loop end, each CTA's SM (+1)."""
+    return tuple(cp.ndarray((n,), cp.uint64, loaded.module.get_global(name))
+                 for n, name in ((32, "kdtr_f90_prof"), (4096, "kdtr_f90_ends"), (4096, "kdtr_f90_smid")))
 
 
-def report(title, raw, ends, grid, t0, event_us):
+def by_sm(rel, ends, smid):
+    """Loop ends grouped by the SM each CTA ran on: CTAs alone on their SM against those sharing it,
+    each SM's last end, and the SMs whose last CTA ends latest (is the spread placement or place?)."""
+    ran = (ends > 0) & (smid > 0)
+    sms = smid[ran].astype(np.int64) - 1
+    t = rel[ran]
+    count = np.bincount(sms, minlength=sms.max() + 1)
+    pct = lambda x: " / ".join(f"{np.percentile(x, q):.1f}" for q in (10, 50, 90)) if x.size else "-"  # noqa: E731
+    lone, shared = t[count[sms] == 1], t[count[sms] > 1]
+    print(f"  loop ends p10/50/90 of CTAs alone on their SM ({lone.size}): {pct(lone)}; sharing it ({shared.size}): {pct(shared)}")
+    last = np.full(count.size, -np.inf)
+    np.maximum.at(last, sms, t)
+    used = np.nonzero(count)[0]
+    late = used[np.argsort(-last[used])][:12]
+    print(f"  each SM's last loop end p10/50/90 over {used.size} SMs: {pct(last[used])}; latest SMs (id: us, CTAs): "
+          + ", ".join(f"{s}: {last[s]:.1f} ({count[s]})" for s in late))
+
+
+def report(title, raw, ends, smid, grid, t0, event_us):
     """One grid's lines; times in us after t0, the first CTA entry of the launch's first grid."""
     v = np.array(raw, dtype=float)
     tiles, ctas = v[10], v[11]
@@ -70,12 +89,7 @@ def report(title, raw, ends, grid, t0, event_us):
         print("  loop ends (us after the first entry), percentiles 0/10/50/90/100: "
               + " / ".join(f"{np.percentile(e, q):.1f}" for q in (0, 10, 50, 90, 100)))
         rel = (ends - t0) / 1e3
-        n_sm = cp.cuda.Device().attributes["MultiProcessorCount"]
-        if (ends[n_sm:] > 0).any():  # CTAs past the SM count share an SM with an earlier one (if placed breadth-first)
-            first, rest = rel[:n_sm][ends[:n_sm] > 0], rel[n_sm:][ends[n_sm:] > 0]
-            print("  loop ends by CTA number, p10/50/90: the first " + f"{n_sm}: "
-                  + " / ".join(f"{np.percentile(first, q):.1f}" for q in (10, 50, 90)) + f"; the other {rest.size}: "
-                  + " / ".join(f"{np.percentile(rest, q):.1f}" for q in (10, 50, 90)))
+        by_sm(rel, ends, smid)
         late = np.nonzero((ends > 0) & (rel > np.percentile(e, 90) + 5.0))[0]
         if late.size:  # CTA x + gridDim.x * (y + gridDim.y * z), as the kernel numbers them
             print("  CTAs ending > 5 us after the 90th percentile: "
@@ -96,9 +110,10 @@ for label, opts in variants.items():
         # the verify grids: the main kernel and, with KDTR_FLASH_TAIL=1, the tail launch (each its own counters)
         grids = [s for s in steps if "flash90_verify" in next(iter(s[0].compiled.lowered))]
         arrays = [counters(s[0]) for s in grids]
-        for prof, ends_dev in arrays:
+        for prof, ends_dev, smid_dev in arrays:
             prof[:] = 0
             ends_dev[:] = 0
+            smid_dev[:] = 0
             for slot in (19, 22):  # the first CTA entry and loop end are atomicMins
                 prof[slot:slot + 1] = cp.full((1,), np.iinfo(np.uint64).max, cp.uint64)
         flush.sum()  # as kdtr bench times it: a cold L2, the GPU held while the host enqueues
@@ -109,9 +124,10 @@ for label, opts in variants.items():
         e1.record()
         cp.cuda.runtime.deviceSynchronize()
         event_us = cp.cuda.get_elapsed_time(e0, e1) * 1e3
-        raws = [[int(x) for x in prof.get()] for prof, _ in arrays]
+        raws = [[int(x) for x in prof.get()] for prof, _, _ in arrays]
         t0 = raws[0][19]
-        for k, (step, raw, (_, ends_dev)) in enumerate(zip(grids, raws, arrays)):
-            n_ctas = int(np.prod(step[1]))
+        for k, (step, raw, (_, ends_dev, smid_dev)) in enumerate(zip(grids, raws, arrays)):
+            n = min(4096, int(np.prod(step[1])))
             title = f"{label} {spec.name}" + (f" (grid {k}: {next(iter(step[0].compiled.lowered))})" if len(grids) > 1 else "")
-            report(title, raw, ends_dev.get()[: min(4096, n_ctas)].astype(np.int64), step[1], t0, event_us)
+            report(title, raw, ends_dev.get()[:n].astype(np.int64), smid_dev.get()[:n].astype(np.int64), step[1], t0,
+                   event_us)
