@@ -204,7 +204,7 @@ def plan(B: int, T: int, H: int, prefix_max: int, sm_count: int, bn: int, bug: i
         s = max(2, s) if bug == Bug.MERGE_WRONG_MAX else s
         return FlashPlan(mt, row_tiles, s, B, False, 0, True)
     if x_only_ctas_per_sm and 0 < rows <= extra_rows:
-        s = plan(B, T, H, prefix_max, sm_count, bn, bug, mt, x_only_ctas_per_sm, splits, merge_units=merge_units).splits
+        s = plan(B, T, H, prefix_max, sm_count, bn, bug, mt, x_only_ctas_per_sm, splits).splits  # its 64-row plan's splits
         return FlashPlan(mt, 1, s, B, False, XR_ONLY)
     slots = sm_count * ctas_per_sm
     chosen = splits or choose_splits(prefix_max, T, bn, row_tiles * B, rows, B, slots)
@@ -218,7 +218,7 @@ def plan(B: int, T: int, H: int, prefix_max: int, sm_count: int, bn: int, bug: i
     if bug == Bug.MERGE_WRONG_MAX:
         splits = max(2, splits)  # the planted merge bug needs a merge
     units = min(rows, 16 * mt) * MERGE_UNITS_PER_ROW  # of the fullest row tile
-    # transposed rows never merge in-kernel: rows past 64 make 260+ units; XR_ONLY's 80-register bound spills there
+    # rows past 64 (transposed) never merge in-kernel: they make 260+ units (XR_ONLY returned above: the combine)
     merge = can_merge and not xr and splits > 1 and units <= merge_units * splits and row_tiles * splits * B <= slots
     return FlashPlan(mt, row_tiles, splits, B, merge, xr)
 
