@@ -143,6 +143,23 @@ struct NoMark {  // no timing hook (flash_sm90.cu's -DKDTR_F90_PROFILE passes on
   __device__ void operator()(int) const {}
 };
 
+// Output row `row` of request b as the workspace holds it split by split (layout above): what merge_row
+// and merge_chunk_narrow read.
+struct RowPartials {
+  const float* ws_o;  // fp32 partial out [B, S, R, 512] (the workspace's start)
+  const float* lse_r;  // this row's partial lse, split s at lse_r[s * R]
+  long long b;
+  int R, S, row;
+  __device__ __forceinline__ RowPartials(const KdtrParams& p, int b_, int row_)
+      : ws_o(static_cast<const float*>(p.workspace)), b(b_), R(p.T * p.H), S(p.num_splits), row(row_) {
+    lse_r = ws_o + (long long)p.B * S * R * KDTR_DV + b * S * R + row;
+  }
+  __device__ __forceinline__ float lse(int s) const { return lse_r[(long long)s * R]; }
+  __device__ __forceinline__ float4 chunk(int s, int c4) const {  // split s's float4 c4 of the row
+    return reinterpret_cast<const float4*>(ws_o + ((b * S + s) * R + row) * KDTR_DV)[c4];
+  }
+};
+
 // Merges output row `row` of request b, columns [col0, col0 + cols) (cols: 128, 256 or 512), from
 // the splits' partials: out = sum_s w_s o_s / sum_s w_s with w_s = exp(lse_s - max lse). The
 // NWARPS calling warps (warp, lane) are spread over the 128-column groups and, within a group, over
@@ -156,8 +173,7 @@ __device__ __forceinline__ void merge_row(const KdtrParams& p, int row, int b, i
   const int R = p.T * p.H, S = p.num_splits;
   const int groups = cols / 128, group = warp % groups, warps_per_group = NWARPS / groups;
   float* mx = red + NWARPS * 129;  // red: [NWARPS][128 + 1] (+1: the warp's weight sum), then the warp maxima
-  const float* ws_o = static_cast<const float*>(p.workspace);
-  const float* lse_s = ws_o + (long long)p.B * S * R * KDTR_DV + (long long)b * S * R + row;  // stride R
+  const RowPartials part(p, b, row);
 
   const int c4 = (col0 + group * 128) / 4 + lane;  // this lane's float4 of a partial row
   // BATCH splits per warp and step, all their lse and row loads issued before any is used. An index
@@ -171,8 +187,8 @@ __device__ __forceinline__ void merge_row(const KdtrParams& p, int row, int b, i
 #pragma unroll
     for (int k = 0; k < BATCH; ++k) {
       const int sk = min(s0 + k * warps_per_group, S - 1);
-      ls[k] = lse_s[(long long)sk * R];
-      x[k] = reinterpret_cast<const float4*>(ws_o + (((long long)b * S + sk) * R + row) * KDTR_DV)[c4];
+      ls[k] = part.lse(sk);
+      x[k] = part.chunk(sk, c4);
     }
   };
   const int first = warp / groups;
@@ -182,7 +198,7 @@ __device__ __forceinline__ void merge_row(const KdtrParams& p, int row, int b, i
 #pragma unroll
     for (int k = 0; k < BATCH; ++k) M = fmaxf(M, ls[k]);
   } else {
-    for (int s = warp * 32 + lane; s < S; s += 32 * NWARPS) M = fmaxf(M, lse_s[(long long)s * R]);
+    for (int s = warp * 32 + lane; s < S; s += 32 * NWARPS) M = fmaxf(M, part.lse(s));
   }
   M = warp_max<32>(M);
   if (lane == 0) mx[warp] = M;
@@ -235,9 +251,9 @@ __device__ __forceinline__ void merge_row(const KdtrParams& p, int row, int b, i
 }
 
 // Merges output row `row` of request b, columns [chunk * C, chunk * C + C) with C = COMBINE_NARROW_COLS,
-// from the splits' partials (as merge_row). 8 lanes share a partial row's 128 bytes, so a warp reads 4 splits
-// per load and the COMBINE_WARPS calling warps 32; NARROW_BATCH loads a lane in flight make 288 splits one
-// step: <= 288 splits are one L2 round trip for 9 KB of lse and 36 KB of rows. Each thread keeps a running
+// from the splits' partials (as merge_row). At the shipped C = 32, 8 lanes share a partial row's 128 bytes, so
+// a warp reads 4 splits per load and the COMBINE_WARPS calling warps 32; NARROW_BATCH loads a lane in flight make
+// 288 splits one step: <= 288 splits are one L2 round trip for 9 KB of lse and 36 KB of rows. Each thread keeps a running
 // maximum over its splits s = slot + 32 k (in order); the 4 threads of a column in a warp, then the warps,
 // combine theirs in a fixed order, so the result does not depend on timing. `red`: NARROW_RED_FLOATS of
 // shared memory; `sync`: a barrier of the calling warps; chunk 0 writes lse.
@@ -247,8 +263,7 @@ __device__ __forceinline__ void merge_chunk_narrow(const KdtrParams& p, int row,
   constexpr int STRIDE = COMBINE_WARPS * 32 / NARROW_LANES;  // splits a load
   const int R = p.T * p.H, S = p.num_splits, q = lane % NARROW_LANES;
   const int slot = warp * (32 / NARROW_LANES) + lane / NARROW_LANES;  // this thread's first split
-  const float* ws_o = static_cast<const float*>(p.workspace);
-  const float* lse_s = ws_o + (long long)p.B * S * R * KDTR_DV + (long long)b * S * R + row;  // stride R
+  const RowPartials part(p, b, row);
   const int c4 = chunk * NARROW_LANES + q;  // this lane's float4 of a partial row
   float m = NARROW_FLOOR, wsum = 0.f;  // a finite floor, not -inf: 2^(-inf - m) is then 0, never NaN
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -258,8 +273,8 @@ __device__ __forceinline__ void merge_chunk_narrow(const KdtrParams& p, int row,
 #pragma unroll
     for (int k = 0; k < NARROW_BATCH; ++k) {  // past S: split S - 1 again, weight 0 (as merge_row)
       const int sk = min(s0 + k * STRIDE, S - 1);
-      ls[k] = lse_s[(long long)sk * R];
-      x[k] = reinterpret_cast<const float4*>(ws_o + (((long long)b * S + sk) * R + row) * KDTR_DV)[c4];
+      ls[k] = part.lse(sk);
+      x[k] = part.chunk(sk, c4);
     }
     float mk = m;
 #pragma unroll
