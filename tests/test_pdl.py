@@ -83,7 +83,6 @@ def test_every_dependent_kernel_waits_first_and_the_main_kernels_release_them():
         assert mains and all("kdtr::pdl_launch_dependents();" in b for b in mains), src
 
 
-
 def test_the_tail_launch_waits_for_the_first_grid_before_it_exits():
     """flash-sm90's XR_ONLY build is launched dependent as the tail launch (kdtr/flash.py) and reads
     nothing the first grid writes, so it does not wait first; the combine launch after it waits for it
