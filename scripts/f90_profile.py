@@ -10,7 +10,9 @@ P64k and T9 P32k B1 (is a CTA's tile rate the same whether its tiles come from D
 Kimi T9 B1 (with KDTR_FLASH_TAIL=1 both grids are reported, on one time axis: does the tail start beside the first?); the per-CTA lines (prologue
 and its steps, epilogue, whole CTA in cycles and us) say how much lies outside the loop; the launch lines
 (globaltimer, one launch timed as `kdtr bench` does) when the last CTA reached each step after it,
-the split merge's included (session 9 found a 5 us merge there).
+the split merge's included (session 9 found a 5 us merge there). Each shape is launched REPEAT times; the
+first launch is reported in full, and the placement lines compare launches: whether CTA i runs on the same SM
+each time, which CTAs are alone on their SM, and whether the same CTAs or the same SMs end late.
 """
 import sys
 
@@ -98,6 +100,35 @@ def report(title, raw, ends, smid, grid, t0, event_us):
           f"merge ticket {at(25)}, all splits in {at(26)}, max lse {at(28)}, partials summed {at(29)}, rows merged {at(27)}, exit {at(21)} us")
 
 
+def placement(runs):
+    """Across repeated launches of one grid: does CTA i land on the same SM, which CTAs are alone on
+    theirs, and do the same SMs (and the same CTA numbers) end late each time?"""
+    if len(runs) < 2:
+        return
+    (e0, s0), (e1, s1) = runs[0], runs[1]
+    ran = (e0 > 0) & (e1 > 0) & (s0 > 0) & (s1 > 0)
+    same = np.mean(s0[ran] == s1[ran]) * 100
+    lone = []
+    for _, s in runs:
+        c = np.bincount(s[s > 0], minlength=s.max() + 1)
+        lone.append(set(np.nonzero((s > 0) & (c[s] == 1))[0].tolist()))
+    common = set.intersection(*lone)
+    print(f"  over {len(runs)} launches: CTA i on the same SM in launches 0 and 1: {same:.0f} %; CTAs alone on "
+          f"their SM: {[len(x) for x in lone]}, in every launch {len(common)}: {sorted(common)[:24]}")
+    rank = lambda x: np.argsort(np.argsort(x))  # noqa: E731
+    cta = np.corrcoef(rank(e0[ran]), rank(e1[ran]))[0, 1]
+    n = max(s0.max(), s1.max()) + 1
+    last = []
+    for e, s in runs[:2]:
+        m = np.zeros(n)
+        np.maximum.at(m, s[s > 0], e[s > 0].astype(float))
+        last.append(m)
+    used = (last[0] > 0) & (last[1] > 0)
+    sm = np.corrcoef(rank(last[0][used]), rank(last[1][used]))[0, 1]
+    print(f"  rank correlation of loop ends between launches 0 and 1: by CTA number {cta:.2f}, by SM (its last CTA) {sm:.2f}")
+
+
+REPEAT = 3
 for label, opts in variants.items():
     kernel = kernels.flash90_build(label, "-DKDTR_F90_PROFILE " + opts)
     for spec in specs:
@@ -110,24 +141,30 @@ for label, opts in variants.items():
         # the verify grids: the main kernel and, with KDTR_FLASH_TAIL=1, the tail launch (each its own counters)
         grids = [s for s in steps if "flash90_verify" in next(iter(s[0].compiled.lowered))]
         arrays = [counters(s[0]) for s in grids]
-        for prof, ends_dev, smid_dev in arrays:
-            prof[:] = 0
-            ends_dev[:] = 0
-            smid_dev[:] = 0
-            for slot in (19, 22):  # the first CTA entry and loop end are atomicMins
-                prof[slot:slot + 1] = cp.full((1,), np.iinfo(np.uint64).max, cp.uint64)
-        flush.sum()  # as kdtr bench times it: a cold L2, the GPU held while the host enqueues
-        hold((1,), (1,), (np.uint64(200_000),))
-        e0, e1 = cp.cuda.Event(), cp.cuda.Event()
-        e0.record()
-        go()
-        e1.record()
-        cp.cuda.runtime.deviceSynchronize()
-        event_us = cp.cuda.get_elapsed_time(e0, e1) * 1e3
-        raws = [[int(x) for x in prof.get()] for prof, _, _ in arrays]
-        t0 = raws[0][19]
-        for k, (step, raw, (_, ends_dev, smid_dev)) in enumerate(zip(grids, raws, arrays)):
-            n = min(4096, int(np.prod(step[1])))
-            title = f"{label} {spec.name}" + (f" (grid {k}: {next(iter(step[0].compiled.lowered))})" if len(grids) > 1 else "")
-            report(title, raw, ends_dev.get()[:n].astype(np.int64), smid_dev.get()[:n].astype(np.int64), step[1], t0,
-                   event_us)
+        runs = [[] for _ in grids]
+        for rep in range(REPEAT):
+            for prof, ends_dev, smid_dev in arrays:
+                prof[:] = 0
+                ends_dev[:] = 0
+                smid_dev[:] = 0
+                for slot in (19, 22):  # the first CTA entry and loop end are atomicMins
+                    prof[slot:slot + 1] = cp.full((1,), np.iinfo(np.uint64).max, cp.uint64)
+            flush.sum()  # as kdtr bench times it: a cold L2, the GPU held while the host enqueues
+            hold((1,), (1,), (np.uint64(200_000),))
+            e0, e1 = cp.cuda.Event(), cp.cuda.Event()
+            e0.record()
+            go()
+            e1.record()
+            cp.cuda.runtime.deviceSynchronize()
+            event_us = cp.cuda.get_elapsed_time(e0, e1) * 1e3
+            raws = [[int(x) for x in prof.get()] for prof, _, _ in arrays]
+            t0 = raws[0][19]
+            for k, (step, raw, (_, ends_dev, smid_dev)) in enumerate(zip(grids, raws, arrays)):
+                n = min(4096, int(np.prod(step[1])))
+                ends, smid = ends_dev.get()[:n].astype(np.int64), smid_dev.get()[:n].astype(np.int64)
+                runs[k].append((np.where(ends > 0, ends - t0, 0), smid))
+                if rep == 0:
+                    title = f"{label} {spec.name}" + (f" (grid {k}: {next(iter(step[0].compiled.lowered))})" if len(grids) > 1 else "")
+                    report(title, raw, ends, smid, step[1], t0, event_us)
+        for r in runs:
+            placement(r)
