@@ -12,7 +12,7 @@
 //                                    64-row tiles' (T9 B1).
 //   kdtr_flash_combine<OutT>,        the split merges shared with flash_verify.cu (flash_split.cuh);
 //   kdtr_flash_combine_rows<OutT>,   one-wave grids merge inside the main kernel instead (MERGE = 1);
-//   kdtr_flash_combine_narrow<OutT>
+//   kdtr_flash_combine_narrow<OutT, COLS>
 //   kdtr_flash_combine_jobs<OutT, 64> the merge of segments' cut jobs (below).
 //
 // Design (SPEC sections 1, 3, 5; the same operator, split plan and workspace as flash_verify.cu)
@@ -187,10 +187,10 @@ static_assert(32 * COMBINE_WARPS == 256 && (COMBINE_RED_FLOATS + 1) * 4 <= STAGE
 }  // namespace f90
 
 // Read by kdtr/flash.py (module.get_global) so the launcher never restates these numbers.
-extern "C" __constant__ int kdtr_flash90_config[13] = {f90::BN, f90::STAGES, f90::MAX_T, f90::Smem::bytes,
+extern "C" __constant__ int kdtr_flash90_config[12] = {f90::BN, f90::STAGES, f90::MAX_T, f90::Smem::bytes,
                                                       f90::NTHREADS, 32 * COMBINE_WARPS, COMBINE_MAX_CHUNKS,
                                                       f90::TMA_BOX_COLS, f90::TMA_BOX_SLABS, COMBINE_ROWS_MAX_SPLITS,
-                                                      kdtr::WORK_INTS, kdtr::JOB_INTS, COMBINE_NARROW_COLS};
+                                                      kdtr::WORK_INTS, kdtr::JOB_INTS};
 
 // The KV cache as a TMA tensor (a CUtensorMap, 128 opaque bytes): kdtr/tma.py encodes it on the host
 // as 3-D bf16 (64 columns, num_pages * page_size slots, 9 slabs; the slab dimension a 128-byte stride),

@@ -4,8 +4,8 @@
 //   kdtr_flash_verify<MT, OutT, BUG>   one CTA = one row tile (16*MT query rows of one request,
 //                                      rows r = node*H + head) x one KV split of that request.
 //   kdtr_flash_combine<OutT>           merges the splits' partial (out, lse) by their LSE; _rows<OutT>
-//                                      does it a warp per row where rows are many, _narrow<OutT> in
-//                                      32-column chunks where they are few (flash_split.cuh).
+//                                      does it a warp per row where rows are many, _narrow<OutT, COLS>
+//                                      in 32- or 64-column chunks where they are few (flash_split.cuh).
 //
 // Design (numbers for the 64-row tile, MT = 4: 8 warps, 256 threads)
 //   * One latent KV stream per request (MQA): every row of the tile reads the same KV tile from
@@ -94,11 +94,11 @@ static_assert(Smem<1>::bytes <= 99 * 1024 && Smem<2>::bytes <= 99 * 1024 && Smem
 }  // namespace flash
 
 // Read by kdtr/flash.py (module.get_global) so the launcher never restates these numbers.
-extern "C" __constant__ int kdtr_flash_config[13] = {
+extern "C" __constant__ int kdtr_flash_config[12] = {
     flash::BN, flash::STAGES, flash::MAX_T,
     flash::Smem<1>::bytes, flash::Smem<2>::bytes, flash::Smem<4>::bytes,
     flash::Tile<1>::NTHREADS, flash::Tile<2>::NTHREADS, flash::Tile<4>::NTHREADS, 32 * COMBINE_WARPS, COMBINE_MAX_CHUNKS,
-    COMBINE_ROWS_MAX_SPLITS, COMBINE_NARROW_COLS};
+    COMBINE_ROWS_MAX_SPLITS};
 
 // ---------------------------------------------------------------------------------------------
 // device helpers (PTX wrappers)

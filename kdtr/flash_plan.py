@@ -21,9 +21,17 @@ from kdtr.presets import DK, DV
 COMBINE = "kdtr_flash_combine<{out}>"
 COMBINE_ROWS = "kdtr_flash_combine_rows<{out}>"
 COMBINE_JOBS = "kdtr_flash_combine_jobs<{out}, {rows}>"
-COMBINE_NARROW = "kdtr_flash_combine_narrow<{out}>"
+COMBINE_NARROW = "kdtr_flash_combine_narrow<{out}, {cols}>"
 """Name templates of the split merges (cuda/flash_split.cuh): per row and column chunk, a warp per row,
-the segments' cut jobs, per row and 32-column chunk."""
+the segments' cut jobs, per row and 32- or 64-column chunk (NARROW_COLS)."""
+NARROW_COLS = (32, 64)
+"""The narrow merge's chunk widths (its COLS template argument), narrowest first. Kimi decode, H200
+(docs/PERF.md, sessions 15-16): 32 columns on one 8-row request (128 CTAs, 288 splits one L2 round trip;
+64 was 0.6 us slower there); 64 on 16-80 rows (T1 B2, T5 B1, T9 B1: 0.3-1.6 us faster than 32 columns or
+kdtr_flash_combine's 128-column chunks, never slower; 32 columns was up to 3 us slower there)."""
+NARROW_MAX_CTAS_PER_SM = 5
+"""The narrow merge where its widest chunks make at most this many CTAs an SM (80 rows at 64 columns on 132
+SMs: 4.8, measured no slower; more rows were not measured), with the narrowest whose grid fits one CTA an SM."""
 
 NS_PER_KEY = 50.0
 """Model: one CTA's time per key of a full tile (~max of MMA time and KV bytes at one SM's share)."""
@@ -151,19 +159,26 @@ def combine_chunks(rows_total: int, sm_count: int, max_chunks: int) -> int:
 def combine_launch(R: int, B: int, splits: int, sm_count: int, cfg: dict, force: str = "") -> tuple[str, tuple]:
     """(name template, grid) of the split merge launch. A warp per row (``COMBINE_ROWS``) where
     the rows alone cover the GPU twice and every split's lse fits a lane: the row-per-CTA merge
-    is latency-bound there (docs/PERF.md, session 6); ``COMBINE_NARROW`` (32-column chunks) where
-    ``COMBINE``'s widest chunks leave half the SMs idle (Kimi decode, 8 rows: 32 CTAs, each reading its
-    hundreds of splits in steps of one L2 round trip; docs/PERF.md, session 15); else ``COMBINE``
-    with column chunks. ``force``: "rows", "split" or "narrow" (experiments and tests; "rows" still
-    needs splits to fit)."""
+    is latency-bound there (docs/PERF.md, session 6); ``COMBINE_NARROW`` (32- or 64-column chunks,
+    narrow_cols) on the few rows of decode launches (Kimi: 8-80 rows), where ``COMBINE``'s CTAs, one
+    per row and 128 columns, read hundreds of splits in steps of one L2 round trip (docs/PERF.md,
+    sessions 15-16); else ``COMBINE`` with column chunks. ``force``: "rows", "split", "narrow" (its
+    width as planned), "narrow32" or "narrow64" (experiments and tests; "rows" still needs splits to fit)."""
     chunks = combine_chunks(R * B, sm_count, cfg["COMBINE_MAX_CHUNKS"])
     fits = splits <= cfg["COMBINE_ROWS_MAX_SPLITS"]
-    if fits and (force == "rows" or (force not in ("split", "narrow") and chunks == 1)):
+    if fits and (force == "rows" or (force not in ("split", "narrow", "narrow32", "narrow64") and chunks == 1)):
         warps = cfg["COMBINE_THREADS"] // 32
         return COMBINE_ROWS, (-(-R // warps), B, 1)
-    if force == "narrow" or (not force and 2 * R * B * chunks <= sm_count):
-        return COMBINE_NARROW, (R, B, DV // cfg["COMBINE_NARROW_COLS"])
+    cols = int(force[6:]) if force in ("narrow32", "narrow64") else narrow_cols(R * B, sm_count)
+    if force.startswith("narrow") or (not force and R * B * (DV // NARROW_COLS[-1]) <= NARROW_MAX_CTAS_PER_SM * sm_count):
+        return COMBINE_NARROW.format(out="{out}", cols=cols), (R, B, DV // cols)
     return COMBINE, (R, B, chunks)
+
+
+def narrow_cols(rows: int, sm_count: int) -> int:
+    """The narrow merge's chunk width for ``rows`` output rows: the narrowest whose grid (a CTA per row
+    and chunk) fits one CTA an SM, else the widest (NARROW_COLS)."""
+    return next((c for c in NARROW_COLS if rows * (DV // c) <= sm_count), NARROW_COLS[-1])
 
 
 def extra_row_tiles(rows: int, tile: int, extra_rows: int) -> tuple[int, int]:

@@ -60,7 +60,8 @@ class FlashKnobs:
     merge_units: int = 1
     """KDTR_FLASH_MERGE: flash-sm90's in-kernel merge takes up to this many units per split; 0 never."""
     combine: str = ""
-    """KDTR_FLASH_COMBINE: "rows", "split" or "narrow" forces that merge kernel; "" the plan's."""
+    """KDTR_FLASH_COMBINE: "rows", "split" or "narrow" forces that merge kernel ("narrow32" / "narrow64" also
+    its chunk width); "" the plan's."""
     xr: str = ""
     """KDTR_FLASH_XR: "0" transposed rows never, "1" wherever they apply (requests of <= 8 rows: all of them,
     XR_ONLY), "" where the model says."""
@@ -81,8 +82,9 @@ class FlashKnobs:
             mt=int(_choice("KDTR_FLASH_MT", get("KDTR_FLASH_MT"), ("", "0", "1", "2", "4"), "1, 2 or 4 (m-tiles of 16 rows)") or 0),
             splits=_count("KDTR_FLASH_SPLITS", get("KDTR_FLASH_SPLITS"), "N >= 1 splits (0: the plan's)"),
             merge_units=merge_knob(get("KDTR_FLASH_MERGE")),
-            combine=_choice("KDTR_FLASH_COMBINE", get("KDTR_FLASH_COMBINE"), ("", "rows", "split", "narrow"),
-                            "rows, split or narrow"),
+            combine=_choice("KDTR_FLASH_COMBINE", get("KDTR_FLASH_COMBINE"),
+                            ("", "rows", "split", "narrow", "narrow32", "narrow64"),
+                            "rows, split, narrow (its planned width), narrow32 or narrow64"),
             xr=_choice("KDTR_FLASH_XR", get("KDTR_FLASH_XR"), ("", "0", "1"), "0 (never) or 1 (wherever they apply)"),
             tail=_choice("KDTR_FLASH_TAIL", get("KDTR_FLASH_TAIL"), ("", "0", "1"), "0 (never) or 1 (wherever it applies)"),
             segments=segments_knob(get("KDTR_FLASH_SEGMENTS")),

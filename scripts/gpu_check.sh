@@ -32,6 +32,8 @@
 #           then Kimi T1 P32k / P64k and T9 P32k B1 (a CTA's tile rate from DRAM against from L2)
 #   xonlyprof: Kimi T1 B1 profiled and timed as planned, XR_ONLY forced, XR_ONLY forced on 132 splits
 #   narrow: the narrow combine: ci, flash tests, flash sanitizer tests, Kimi T1 timings, the sweep
+#   flashnarrow: flash (mma.sync) under the narrow combine: sanitizers (forced), timings; flash-sm90's T5 B1 merges
+#   narrow64: the narrow combine's 64-column chunks: ci, flash tests, sanitizers (forced too), timings of both kernels
 #   ncuxonly: per-instruction stall samples of XR_ONLY (Kimi T1 P128k B32 planned, B1 forced) and the 64-row B1
 #   xonly : flash-sm90's XR_ONLY decode: ci, its GPU tests, timings as planned, KDTR_FLASH_XR=0 and =1
 #   seg   : flash-sm90's segments: ci (planned, then forced) + every flash test + forced-path sanitizer tests, then
@@ -402,6 +404,40 @@ for mode in "${@:-check}"; do
       stage ablate_narrow python3 scripts/sm90_ablate.py t1narrow base= rows64=KDTR_FLASH_XR=0 base2=
       grep -vE "^$" "$LOGS/ablate_narrow.log" | tail -n 17 >>"$SUMMARY"
       bench_sets
+      ;;
+    flashnarrow)  # `flash` (mma.sync) with the narrow combine: sanitizers on ci with it forced, Kimi decode timed
+                  # as planned and with the 128-column combine; flash-sm90's T5 B1 merge options
+      KDTR_FLASH_COMBINE=narrow sanitize_ci flash
+      for c in plan split plan2; do
+        if [ $c = split ]; then export KDTR_FLASH_COMBINE=split; else unset KDTR_FLASH_COMBINE; fi
+        stage bench_flash_$c timeout 150 $KDTR bench -k flash \
+          --baselines none --model kimi-k2 --tp 8 --budget 0 --prefix 32k,128k --batch 1,2 --no-check --json "$LOGS/bench_flash_$c.json"
+        note "flash, combine $c:"
+        python3 scripts/bench_summary.py "$LOGS/bench_flash_$c.json" >>"$SUMMARY"
+      done
+      unset KDTR_FLASH_COMBINE
+      stage ablate_t5 timeout 200 python3 scripts/sm90_ablate.py t15 base= narrow=KDTR_FLASH_COMBINE=narrow \
+        merge2=KDTR_FLASH_MERGE=2 narrow64=KDTR_FLASH_COMBINE=narrow64 base2=
+      grep -vE "^$" "$LOGS/ablate_t5.log" | tail -n 29 >>"$SUMMARY"
+      ;;
+    narrow64)  # the narrow combine's 64-column chunks on 16-80 rows (session 16): ci, every flash test, the flash
+               # sanitizer tests, memcheck / racecheck on ci with 64 columns forced, timings against 32 and 128 columns
+      ci_verify flash flash-sm90
+      flash_tests
+      stage pytest_san timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_isolation.py -k "flash and sanitizer"
+      tail -n 3 "$LOGS/pytest_san.log" >>"$SUMMARY"
+      KDTR_FLASH_COMBINE=narrow64 sanitize_ci flash flash-sm90
+      stage ablate_n64 timeout 200 python3 scripts/sm90_ablate.py rows16to80 plan= n32=KDTR_FLASH_COMBINE=narrow32 \
+        split=KDTR_FLASH_COMBINE=split plan2=
+      grep -vE "^$" "$LOGS/ablate_n64.log" | tail -n 51 >>"$SUMMARY"
+      for c in plan split; do
+        if [ $c = split ]; then export KDTR_FLASH_COMBINE=split; else unset KDTR_FLASH_COMBINE; fi
+        stage bench_flash_$c timeout 150 $KDTR bench -k flash --baselines none --model kimi-k2 --tp 8 --budget 0,4,8 \
+          --prefix 32k,128k --batch 1,2 --no-check --json "$LOGS/bench_flash_$c.json"
+        note "flash, combine $c:"
+        python3 scripts/bench_summary.py "$LOGS/bench_flash_$c.json" >>"$SUMMARY"
+      done
+      unset KDTR_FLASH_COMBINE
       ;;
     robust)  # crash / trap / hang isolation and compute-sanitizer (tests/test_gpu_isolation.py)
       stage pytest_robust timeout 420 python3 -m pytest -q -rs -s -m gpu -p no:cacheprovider tests/test_gpu_isolation.py

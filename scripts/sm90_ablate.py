@@ -46,6 +46,9 @@ SHAPES = {
     "t9": bench.grid(["kimi-k2"], [8], [8], [32768, 131072], [1]),
     "t1batch": bench.grid(["kimi-k2"], [8], [0], [32768, 131072], [1, 2, 4]),  # one-wave Kimi decode batches
     "t1narrow": bench.grid(["kimi-k2"], [8], [0], [32768, 131072], [1, 2]),  # where the narrow combine runs
+    # the merge-launch width on 16-80 rows of Kimi decode (session 16: 64-column narrow chunks took T5 B1 1.1-1.7 us faster)
+    "rows16to80": (bench.grid(["kimi-k2"], [8], [4], [32768, 131072], [1, 2]) + bench.grid(["kimi-k2"], [8], [8], [32768, 131072], [1])
+                   + bench.grid(["kimi-k2"], [8], [0], [32768, 131072], [2, 4])),
     "t15": bench.grid(["kimi-k2"], [8], [0, 4], [32768, 131072], [1]),
     "recheck": (bench.grid(["deepseek-v3"], [8], [64], [131072], [8]) + bench.grid(["deepseek-v3"], [8], [64], [32768], [1])
                 + bench.grid(["kimi-k2"], [8], [0, 4], [32768], [1])),

@@ -105,19 +105,26 @@ def test_decode_split_count_counts_the_tail_tile():
 
 
 def test_combine_launch_takes_a_warp_per_row_where_rows_fill_the_gpu():
-    """Compute shapes (1040+ rows, splits that fit a lane each) merge a warp per row; decode
-    batches keep the row-per-CTA merge with column chunks, and so does any split count above the
-    rows kernel's limit, unless those chunks leave most SMs idle (one 8-row request: 32-column
-    chunks); KDTR_FLASH_COMBINE's values force each where it can run."""
+    """Compute shapes (1040+ rows, splits that fit a lane each) merge a warp per row; decode launches
+    of 8-80 rows the narrow merge (32-column chunks for one 8-row request, 64 up to 80 rows); more
+    rows the row-per-CTA merge with column chunks, and so does any split count above the rows
+    kernel's limit; KDTR_FLASH_COMBINE's values force each where it can run."""
     from kdtr.flash_plan import COMBINE, COMBINE_NARROW, COMBINE_ROWS, combine_launch
 
-    cfg = {"COMBINE_MAX_CHUNKS": 4, "COMBINE_ROWS_MAX_SPLITS": 32, "COMBINE_THREADS": 256, "COMBINE_NARROW_COLS": 32}
+    narrow = lambda cols: COMBINE_NARROW.format(out="{out}", cols=cols)  # noqa: E731
+    cfg = {"COMBINE_MAX_CHUNKS": 4, "COMBINE_ROWS_MAX_SPLITS": 32, "COMBINE_THREADS": 256}
     assert combine_launch(1040, 1, 7, H200_SMS, cfg) == (COMBINE_ROWS, (130, 1, 1))
     assert combine_launch(4112, 8, 2, H200_SMS, cfg) == (COMBINE_ROWS, (514, 8, 1))
-    assert combine_launch(8, 1, 241, H200_SMS, cfg) == (COMBINE_NARROW, (8, 1, 16))  # decode, 32 CTAs of 4 chunks
-    assert combine_launch(8, 4, 66, H200_SMS, cfg) == (COMBINE, (8, 4, 4))  # 128 CTAs of 4 chunks: nearly a wave
-    assert combine_launch(72, 1, 66, H200_SMS, cfg) == (COMBINE, (72, 1, 4))  # Kimi T9 B1
-    assert combine_launch(72, 1, 66, H200_SMS, cfg, force="narrow") == (COMBINE_NARROW, (72, 1, 16))
+    assert combine_launch(8, 1, 241, H200_SMS, cfg) == (narrow(32), (8, 1, 16))  # Kimi T1 B1: 128 CTAs
+    assert combine_launch(8, 2, 241, H200_SMS, cfg) == (narrow(64), (8, 2, 8))  # T1 B2: 32 columns would be 256
+    assert combine_launch(40, 1, 129, H200_SMS, cfg) == (narrow(64), (40, 1, 8))  # T5 B1
+    assert combine_launch(72, 1, 66, H200_SMS, cfg) == (narrow(64), (72, 1, 8))  # T9 B1
+    assert combine_launch(40, 2, 129, H200_SMS, cfg) == (narrow(64), (40, 2, 8))  # 80 rows: 640 CTAs, 4.8 an SM
+    assert combine_launch(72, 2, 66, H200_SMS, cfg) == (COMBINE, (72, 2, 4))  # 144 rows
+    assert combine_launch(8, 32, 10, H200_SMS, cfg) == (COMBINE, (8, 32, 4))
+    assert combine_launch(72, 1, 66, H200_SMS, cfg, force="narrow32") == (narrow(32), (72, 1, 16))
+    assert combine_launch(8, 1, 241, H200_SMS, cfg, force="narrow64") == (narrow(64), (8, 1, 8))
+    assert combine_launch(1040, 1, 7, H200_SMS, cfg, force="narrow") == (narrow(64), (1040, 1, 8))
     assert combine_launch(1040, 1, 33, H200_SMS, cfg) == (COMBINE, (1040, 1, 1))  # splits past a warp
     assert combine_launch(72, 1, 7, H200_SMS, cfg, force="rows") == (COMBINE_ROWS, (9, 1, 1))
     assert combine_launch(1040, 1, 7, H200_SMS, cfg, force="split") == (COMBINE, (1040, 1, 1))
@@ -224,7 +231,7 @@ def sm90_steps_on_a_faked_h200(monkeypatch, B: int, T: int, H: int, P: int, env:
     k = resolve_kernel("flash-sm90")
     k._config = dict(BN=32, STAGES=2, MAX_T=1280, SMEM_MT4=101280, THREADS_MT4=384, COMBINE_THREADS=256,
                      COMBINE_MAX_CHUNKS=4, TMA_BOX_COLS=64, TMA_BOX_SLABS=9, COMBINE_ROWS_MAX_SPLITS=32, WORK_INTS=6,
-                     JOB_INTS=4, COMBINE_NARROW_COLS=32)
+                     JOB_INTS=4)
     from kdtr import tma
 
     monkeypatch.setattr(tma, "encode", lambda spec, ptr: spec)  # the driver encodes it on a GPU
@@ -240,13 +247,13 @@ def sm90_steps_on_a_faked_h200(monkeypatch, B: int, T: int, H: int, P: int, env:
 
 def test_the_planned_launches_take_each_build_where_the_plan_says(monkeypatch):
     """From the plan to the launches (faked launch layer): Kimi decode B1 takes XR_ONLY and the narrow
-    combine launch (KDTR_FLASH_XR=0: the 64-row build, merging in-kernel); B32 P128k takes XR_ONLY with the
+    combine launch (32-column chunks; T9 B1's 72 rows 64) (KDTR_FLASH_XR=0: the 64-row build, merging in-kernel); B32 P128k takes XR_ONLY with the
     128-column combine; T9 B1 two 64-row tiles; the tail launch, forced, follows the 64-row launch
     dependent on it, then the combine."""
     run = lambda *a, **env: sm90_steps_on_a_faked_h200(monkeypatch, *a, env)  # noqa: E731
     main, combine = run(1, 1, 8, 131072)
     assert main[:2] == ("kdtr_flash90_verify<__nv_bfloat16, 0, 0, 1>", (1, 241, 1))
-    assert combine[:2] == ("kdtr_flash_combine_narrow<__nv_bfloat16>", (8, 1, 16)) and combine[2]
+    assert combine[:2] == ("kdtr_flash_combine_narrow<__nv_bfloat16, 32>", (8, 1, 16)) and combine[2]
     (one,) = run(1, 1, 8, 131072, KDTR_FLASH_XR="0")
     assert one[0] == "kdtr_flash90_verify<__nv_bfloat16, 0, 1, 0>" and one[1][0] == 1
     main, combine = run(32, 1, 8, 131072)
@@ -255,6 +262,7 @@ def test_the_planned_launches_take_each_build_where_the_plan_says(monkeypatch):
     assert run(32, 1, 8, 131072, KDTR_FLASH_XR="0")[0][0].endswith(", 0, 0>")
     t9 = run(1, 9, 8, 32768)
     assert t9[0][0].endswith(", 0, 0>") and t9[0][1][0] == 2 and len(t9) == 2
+    assert t9[1][:2] == ("kdtr_flash_combine_narrow<__nv_bfloat16, 64>", (72, 1, 8))  # 72 rows: 64-column chunks
     main, tail, combine = run(1, 9, 8, 32768, KDTR_FLASH_TAIL="1")
     assert main[:2] == ("kdtr_flash90_verify<__nv_bfloat16, 0, 0, 0>", (1, 88, 1)) and not main[2]
     assert tail == ("kdtr_flash90_verify<__nv_bfloat16, 0, 0, 1>", (1, 88, 1), True) and combine[2]

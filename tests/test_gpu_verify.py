@@ -202,18 +202,18 @@ def test_flash_sm90_reads_full_prefix_tiles_through_the_tensor_map(page_size):
     assert results["shifted"].failed == (page_size == 64), results
 
 
-@pytest.mark.parametrize("combine", ["rows", "split", "narrow"])
+@pytest.mark.parametrize("combine", ["rows", "split", "narrow32", "narrow64"])
 @pytest.mark.parametrize("name", ["flash", "flash-sm90"])
 def test_both_combine_kernels_merge_exactly_and_catch_the_merge_bug(name, combine, monkeypatch):
     """kdtr_flash_combine_rows (a warp per row), kdtr_flash_combine (a CTA per row, column chunks) and
-    kdtr_flash_combine_narrow (a CTA per row and 32 columns) each merge 7 forced splits of a 1040-row
+    kdtr_flash_combine_narrow (a CTA per row and 32 or 64 columns) each merge 7 forced splits of a 1040-row
     request to the reference, relaunch bit-identically, and the planted merge bug fails through each."""
     import numpy as np
 
     from kdtr.cases import CaseSpec, build_problem
     from kdtr.compare import compare
     from kdtr.flash_plan import COMBINE, COMBINE_NARROW, COMBINE_ROWS
-    from kdtr.launch import DeviceProblem, make_launcher
+    from kdtr.launch import CTYPES, DeviceProblem, make_launcher
     from kdtr.reference import reference
     from kdtr.tolerances import default
 
@@ -225,8 +225,9 @@ def test_both_combine_kernels_merge_exactly_and_catch_the_merge_bug(name, combin
     want, tol = reference(prob)[0], default(spec.kv_dtype, spec.out_dtype, "out")
     dp = DeviceProblem(prob, spec.out_dtype)
     steps, ws, splits = resolve_kernel(name).steps(dp)
-    expect = {"rows": COMBINE_ROWS, "split": COMBINE, "narrow": COMBINE_NARROW}[combine].split("<")[0]
-    assert splits == 7 and len(steps) == 2 and all(e.startswith(expect + "<") for e in steps[1][0].compiled.lowered)
+    expect = {"rows": COMBINE_ROWS, "split": COMBINE}.get(combine, COMBINE_NARROW.format(out="{out}", cols=combine[6:]))
+    assert splits == 7 and len(steps) == 2
+    assert set(steps[1][0].compiled.lowered) == {expect.format(out=CTYPES[spec.out_dtype])}
     go = make_launcher(dp, steps, ws, splits)
     go()
     once = dp.download()[0].copy()
@@ -237,18 +238,19 @@ def test_both_combine_kernels_merge_exactly_and_catch_the_merge_bug(name, combin
     assert compare(buggy.out, want, tol).status.failed
 
 
+@pytest.mark.parametrize("width", ["narrow32", "narrow64"])
 @pytest.mark.parametrize("xr", ["0", "1"])
 @pytest.mark.parametrize("name", ["flash", "flash-sm90"])
-def test_narrow_combine_merges_hundreds_of_splits_some_empty(name, xr, monkeypatch):
+def test_narrow_combine_merges_hundreds_of_splits_some_empty(name, xr, width, monkeypatch):
     """Kimi decode (8 rows a request, two requests) as its plan merges it on a few rows:
-    kdtr_flash_combine_narrow, here over 300 forced splits, more than its one step of 288, and the
-    splits past the shorter prefix's tiles see no key (lse -inf). Both requests' out and lse match
-    the reference (64-row tiles, and XR_ONLY where flash-sm90 has it), a relaunch gives the same
-    bits, and the planted merge bug fails."""
+    kdtr_flash_combine_narrow of either width, here over 300 forced splits, more than its one step
+    (288 splits at 32 columns, 144 at 64), and the splits past the shorter prefix's tiles see no key
+    (lse -inf). Both requests' out and lse match the reference (64-row tiles, and XR_ONLY where
+    flash-sm90 has it), a relaunch gives the same bits, and the planted merge bug fails."""
     from kdtr.cases import CaseSpec, build_problem
     from kdtr.compare import compare
     from kdtr.flash_plan import COMBINE_NARROW
-    from kdtr.launch import DeviceProblem, make_launcher
+    from kdtr.launch import CTYPES, DeviceProblem, make_launcher
     from kdtr.reference import reference
     from kdtr.tolerances import default
 
@@ -257,13 +259,14 @@ def test_narrow_combine_merges_hundreds_of_splits_some_empty(name, xr, monkeypat
     monkeypatch.setenv("KDTR_FLASH_SPLITS", "300")
     monkeypatch.setenv("KDTR_FLASH_MERGE", "0")
     monkeypatch.setenv("KDTR_FLASH_XR", xr)
+    monkeypatch.setenv("KDTR_FLASH_COMBINE", width)
     spec = CaseSpec(model="kimi-k2", heads=8, prefix_lens=(11000, 5000), family="root", budget=0, page_size=64)
     prob, _ = build_problem(spec)
     want = reference(prob)
     dp = DeviceProblem(prob, spec.out_dtype)
     steps, ws, splits = resolve_kernel(name).steps(dp)
     assert splits == 300 and len(steps) == 2, (splits, len(steps))
-    assert all(e.startswith(COMBINE_NARROW.split("<")[0] + "<") for e in steps[1][0].compiled.lowered)
+    assert set(steps[1][0].compiled.lowered) == {COMBINE_NARROW.format(out=CTYPES[spec.out_dtype], cols=width[6:])}
     relaunch_matches(dp, make_launcher(dp, steps, ws, splits), want, spec.kv_dtype, spec.out_dtype)
     buggy = resolve_kernel(variant_name(name, Bug.MERGE_WRONG_MAX)).run(prob, spec.out_dtype)
     assert compare(buggy.out, want[0], default(spec.kv_dtype, spec.out_dtype, "out")).status.failed
