@@ -50,7 +50,8 @@ SHAPES = {
     "rows16to80": (bench.grid(["kimi-k2"], [8], [4], [32768, 131072], [1, 2]) + bench.grid(["kimi-k2"], [8], [8], [32768, 131072], [1])
                    + bench.grid(["kimi-k2"], [8], [0], [32768, 131072], [2, 4])),
     "t15": bench.grid(["kimi-k2"], [8], [0, 4], [32768, 131072], [1]),
-    "recheck": (bench.grid(["deepseek-v3"], [8], [64], [131072], [8]) + bench.grid(["deepseek-v3"], [8], [64], [32768], [1])
+    "recheck": (bench.grid(["deepseek-v3"], [8], [64], [131072], [8]) + bench.grid(["deepseek-v3"], [8], [256, 512], [32768], [8])
+                + bench.grid(["deepseek-v3"], [8], [64], [32768], [1])
                 + bench.grid(["kimi-k2"], [8], [0, 4], [32768], [1])),
     "segments": (bench.grid(["deepseek-v3"], [8], [64], [8192, 32768, 131072], [1, 8]) + bench.grid(["deepseek-v3"], [8], [256], [8192], [1, 8])
                  + bench.grid(["deepseek-v3"], [8], [256], [32768], [1])
