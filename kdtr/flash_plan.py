@@ -28,10 +28,10 @@ NARROW_COLS = (32, 64)
 """The narrow merge's chunk widths (its COLS template argument), narrowest first. Kimi decode, H200
 (docs/PERF.md, sessions 15-16): 32 columns on one 8-row request (128 CTAs, 288 splits one L2 round trip;
 64 was 0.6 us slower there); 64 on 16-80 rows (T1 B2, T5 B1, T9 B1: 0.3-1.6 us faster than 32 columns or
-kdtr_flash_combine's 128-column chunks, never slower; 32 columns was up to 3 us slower there)."""
+kdtr_flash_combine's 128-column chunks; T5 B2 and T1 B4 level within ~1 %; 32 columns up to 4 us slower)."""
 NARROW_MAX_CTAS_PER_SM = 5
 """The narrow merge where its widest chunks make at most this many CTAs an SM (80 rows at 64 columns on 132
-SMs: 4.8, measured no slower; more rows were not measured), with the narrowest whose grid fits one CTA an SM."""
+SMs: 4.8, measured level; more rows were not measured), with the narrowest whose grid fits one CTA an SM."""
 
 NS_PER_KEY = 50.0
 """Model: one CTA's time per key of a full tile (~max of MMA time and KV bytes at one SM's share)."""
@@ -170,7 +170,8 @@ def combine_launch(R: int, B: int, splits: int, sm_count: int, cfg: dict, force:
         warps = cfg["COMBINE_THREADS"] // 32
         return COMBINE_ROWS, (-(-R // warps), B, 1)
     cols = int(force[6:]) if force in ("narrow32", "narrow64") else narrow_cols(R * B, sm_count)
-    if force.startswith("narrow") or (not force and R * B * (DV // NARROW_COLS[-1]) <= NARROW_MAX_CTAS_PER_SM * sm_count):
+    few_rows = R * B * (DV // NARROW_COLS[-1]) <= NARROW_MAX_CTAS_PER_SM * sm_count
+    if force.startswith("narrow") or (not force and few_rows):
         return COMBINE_NARROW.format(out="{out}", cols=cols), (R, B, DV // cols)
     return COMBINE, (R, B, chunks)
 
