@@ -191,6 +191,11 @@ def extra_row_tiles(rows: int, tile: int, extra_rows: int) -> tuple[int, int]:
     return tiles, 0
 
 
+def merged_splits(splits: int, bug: int) -> int:
+    """``splits``, at least 2 for the planted merge bug (it needs a merge to show)."""
+    return max(2, splits) if bug == Bug.MERGE_WRONG_MAX else splits
+
+
 def plan(B: int, T: int, H: int, prefix_max: int, sm_count: int, bn: int, bug: int = 0, mt: int | None = None,
          ctas_per_sm: int = 1, splits: int | None = None, can_merge: bool = False, extra_rows: int = 0,
          xr_always: bool = False, merge_units: int = 1, x_only_ctas_per_sm: int = 0, tail: str = "") -> FlashPlan:
@@ -217,8 +222,7 @@ def plan(B: int, T: int, H: int, prefix_max: int, sm_count: int, bn: int, bug: i
     if x_only_ctas_per_sm and tail == "1" and xr:  # the row tiles' launch; each tail CTA takes 1 / x_only_ctas_per_sm SM
         s = splits or max(1, min(int(sm_count * ctas_per_sm / (B * (row_tiles + 1 / x_only_ctas_per_sm))),
                                  prefix_max // MIN_KEYS_PER_SPLIT))
-        s = max(2, s) if bug == Bug.MERGE_WRONG_MAX else s
-        return FlashPlan(mt, row_tiles, s, B, False, 0, True)
+        return FlashPlan(mt, row_tiles, merged_splits(s, bug), B, False, 0, True)
     if x_only_ctas_per_sm and 0 < rows <= extra_rows:
         s = plan(B, T, H, prefix_max, sm_count, bn, bug, mt, x_only_ctas_per_sm, splits).splits  # its 64-row plan's splits
         return FlashPlan(mt, 1, s, B, False, XR_ONLY)
@@ -230,9 +234,7 @@ def plan(B: int, T: int, H: int, prefix_max: int, sm_count: int, bn: int, bug: i
         if (plan_cost(prefix_max, T, bn, plain * B, rows, B, slots, plain_splits, 1.0, CTA_FIXED_TILES)
                 <= plan_cost(prefix_max, T, bn, row_tiles * B, rows, B, slots, chosen, XR_TILE_COST, XR_CTA_FIXED_TILES)):
             row_tiles, xr, chosen = plain, 0, plain_splits
-    splits = chosen
-    if bug == Bug.MERGE_WRONG_MAX:
-        splits = max(2, splits)  # the planted merge bug needs a merge
+    splits = merged_splits(chosen, bug)
     units = min(rows, 16 * mt) * MERGE_UNITS_PER_ROW  # of the fullest row tile
     # rows past 64 (transposed) never merge in-kernel: they make 260+ units (XR_ONLY returned above: the combine)
     merge = can_merge and not xr and splits > 1 and units <= merge_units * splits and row_tiles * splits * B <= slots

@@ -79,6 +79,9 @@ def test_forced_split_count_keeps_the_merge_bug_floor():
 
     assert plan(1, 1, 8, 32768, 132, BN, splits=33).splits == 33
     assert plan(1, 1, 8, 32768, 132, BN, bug=Bug.MERGE_WRONG_MAX, splits=1).splits == 2
+    tail = dict(extra_rows=8, x_only_ctas_per_sm=2, tail="1", splits=1)  # the tail launch's row tiles, forced
+    assert plan(1, 9, 8, 32768, 132, BN, **tail).splits == 1
+    assert plan(1, 9, 8, 32768, 132, BN, bug=Bug.MERGE_WRONG_MAX, **tail).splits == 2
 
 
 @pytest.mark.parametrize("P, T, splits", [(32768, 1, 129), (8192, 65, 7), (3100, 41, 7), (700, 41, 7), (0, 9, 3), (100, 513, 4)])
