@@ -27,7 +27,7 @@ the segments' cut jobs, per row and 32- or 64-column chunk (NARROW_COLS)."""
 NARROW_COLS = (32, 64)
 """The narrow merge's chunk widths (its COLS template argument), narrowest first. Kimi decode, H200
 (docs/PERF.md, sessions 15-16): 32 columns on one 8-row request (128 CTAs, 288 splits one L2 round trip;
-64 was 0.6 us slower there); 64 on 16-80 rows (T1 B2, T5 B1, T9 B1: 0.3-1.6 us faster than 32 columns or
+64 was 0.6 us slower there); 64 on 16-80 rows (T1 B2, T5 B1, T9 B1: 0.1-1.6 us faster than 32 columns or
 kdtr_flash_combine's 128-column chunks; T5 B2 and T1 B4 level within ~1 %; 32 columns up to 4 us slower)."""
 NARROW_MAX_CTAS_PER_SM = 5
 """The narrow merge where its widest chunks make at most this many CTAs an SM (80 rows at 64 columns on 132
