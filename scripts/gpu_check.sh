@@ -80,6 +80,22 @@ flash_tests() {  # every flash GPU test but the long suite: planted bugs of both
   tail -n 2 "$LOGS/pytest_flash.log" >>"$SUMMARY"
 }
 
+flash_san_tests() {  # the flash and flash-sm90 sanitizer tests of tests/test_gpu_isolation.py (memcheck, racecheck)
+  stage pytest_san timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_isolation.py -k "flash and sanitizer"
+  tail -n 3 "$LOGS/pytest_san.log" >>"$SUMMARY"
+}
+
+flash_combine_timings() {  # flash_combine_timings BUDGETS LABEL...: `flash` on Kimi decode B1-B2, per label as planned
+  local budgets=$1 c; shift   # or, for label "split", with the 128-column combine (KDTR_FLASH_COMBINE="" is the plan's)
+  for c in "$@"; do
+    KDTR_FLASH_COMBINE=$([ "$c" = split ] && echo split) stage bench_flash_$c timeout 150 $KDTR bench -k flash \
+      --baselines none --model kimi-k2 --tp 8 --budget "$budgets" --prefix 32k,128k --batch 1,2 --no-check \
+      --json "$LOGS/bench_flash_$c.json"
+    note "flash, combine $c:"
+    python3 scripts/bench_summary.py "$LOGS/bench_flash_$c.json" >>"$SUMMARY"
+  done
+}
+
 sanitize_ci() {  # sanitize_ci KERNEL...: memcheck and racecheck on the ci suite, all at once; JSON to $OUT
   for k in "$@"; do
     for tool in memcheck racecheck; do
@@ -399,8 +415,7 @@ for mode in "${@:-check}"; do
              # (the 8-row goldens through XR_ONLY and the narrow combine), Kimi T1 timings against the 64-row build, the sweep
       ci_verify flash flash-sm90
       flash_tests
-      stage pytest_san timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_isolation.py -k "flash and sanitizer"
-      tail -n 3 "$LOGS/pytest_san.log" >>"$SUMMARY"
+      flash_san_tests
       stage ablate_narrow python3 scripts/sm90_ablate.py t1narrow base= rows64=KDTR_FLASH_XR=0 base2=
       grep -vE "^$" "$LOGS/ablate_narrow.log" | tail -n 17 >>"$SUMMARY"
       bench_sets
@@ -408,14 +423,7 @@ for mode in "${@:-check}"; do
     flashnarrow)  # `flash` (mma.sync) with the narrow combine: sanitizers on ci with it forced, Kimi decode timed
                   # as planned and with the 128-column combine; flash-sm90's T5 B1 merge options
       KDTR_FLASH_COMBINE=narrow sanitize_ci flash
-      for c in plan split plan2; do
-        if [ $c = split ]; then export KDTR_FLASH_COMBINE=split; else unset KDTR_FLASH_COMBINE; fi
-        stage bench_flash_$c timeout 150 $KDTR bench -k flash \
-          --baselines none --model kimi-k2 --tp 8 --budget 0 --prefix 32k,128k --batch 1,2 --no-check --json "$LOGS/bench_flash_$c.json"
-        note "flash, combine $c:"
-        python3 scripts/bench_summary.py "$LOGS/bench_flash_$c.json" >>"$SUMMARY"
-      done
-      unset KDTR_FLASH_COMBINE
+      flash_combine_timings 0 plan split plan2
       stage ablate_t5 timeout 200 python3 scripts/sm90_ablate.py t15 base= narrow=KDTR_FLASH_COMBINE=narrow \
         merge2=KDTR_FLASH_MERGE=2 narrow64=KDTR_FLASH_COMBINE=narrow64 base2=
       grep -vE "^$" "$LOGS/ablate_t5.log" | tail -n 29 >>"$SUMMARY"
@@ -424,20 +432,12 @@ for mode in "${@:-check}"; do
                # sanitizer tests, memcheck / racecheck on ci with 64 columns forced, timings against 32 and 128 columns
       ci_verify flash flash-sm90
       flash_tests
-      stage pytest_san timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_isolation.py -k "flash and sanitizer"
-      tail -n 3 "$LOGS/pytest_san.log" >>"$SUMMARY"
+      flash_san_tests
       KDTR_FLASH_COMBINE=narrow64 sanitize_ci flash flash-sm90
       stage ablate_n64 timeout 200 python3 scripts/sm90_ablate.py rows16to80 plan= n32=KDTR_FLASH_COMBINE=narrow32 \
         split=KDTR_FLASH_COMBINE=split plan2=
       grep -vE "^$" "$LOGS/ablate_n64.log" | tail -n 51 >>"$SUMMARY"
-      for c in plan split; do
-        if [ $c = split ]; then export KDTR_FLASH_COMBINE=split; else unset KDTR_FLASH_COMBINE; fi
-        stage bench_flash_$c timeout 150 $KDTR bench -k flash --baselines none --model kimi-k2 --tp 8 --budget 0,4,8 \
-          --prefix 32k,128k --batch 1,2 --no-check --json "$LOGS/bench_flash_$c.json"
-        note "flash, combine $c:"
-        python3 scripts/bench_summary.py "$LOGS/bench_flash_$c.json" >>"$SUMMARY"
-      done
-      unset KDTR_FLASH_COMBINE
+      flash_combine_timings 0,4,8 plan split
       ;;
     robust)  # crash / trap / hang isolation and compute-sanitizer (tests/test_gpu_isolation.py)
       stage pytest_robust timeout 420 python3 -m pytest -q -rs -s -m gpu -p no:cacheprovider tests/test_gpu_isolation.py
