@@ -166,12 +166,12 @@ def combine_launch(R: int, B: int, splits: int, sm_count: int, cfg: dict, force:
     width as planned), "narrow32" or "narrow64" (experiments and tests; "rows" still needs splits to fit)."""
     chunks = combine_chunks(R * B, sm_count, cfg["COMBINE_MAX_CHUNKS"])
     fits = splits <= cfg["COMBINE_ROWS_MAX_SPLITS"]
-    if fits and (force == "rows" or (force not in ("split", "narrow", "narrow32", "narrow64") and chunks == 1)):
+    narrow = force.startswith("narrow")  # "narrow" (the planned width), "narrow32", "narrow64"
+    if fits and (force == "rows" or (force != "split" and not narrow and chunks == 1)):
         warps = cfg["COMBINE_THREADS"] // 32
         return COMBINE_ROWS, (-(-R // warps), B, 1)
-    cols = int(force[6:]) if force in ("narrow32", "narrow64") else narrow_cols(R * B, sm_count)
-    few_rows = R * B * (DV // NARROW_COLS[-1]) <= NARROW_MAX_CTAS_PER_SM * sm_count
-    if force.startswith("narrow") or (not force and few_rows):
+    if narrow or (not force and R * B * (DV // NARROW_COLS[-1]) <= NARROW_MAX_CTAS_PER_SM * sm_count):
+        cols = int(force[len("narrow"):] or narrow_cols(R * B, sm_count))
         return COMBINE_NARROW.format(out="{out}", cols=cols), (R, B, DV // cols)
     return COMBINE, (R, B, chunks)
 
