@@ -13,8 +13,8 @@
 // The merge runs as kdtr_flash_combine_rows<OutT> (one warp per row: many-row grids, splits <=
 // COMBINE_ROWS_MAX_SPLITS), as kdtr_flash_combine<OutT>, launched with grid (R, B, chunks <=
 // COMBINE_MAX_CHUNKS) and block 32 * COMBINE_WARPS (decode batches: up to hundreds of splits), as
-// kdtr_flash_combine_narrow<OutT, COLS> (32- or 64-column chunks: rows too few for 128-column chunks to
-// fill the GPU), or inside a main kernel that calls kdtr::merge_in_kernel (flash-sm90 on one-wave grids);
+// kdtr_flash_combine_narrow<OutT, COLS, WARPS> (32- or 64-column chunks: rows too few for 128-column chunks
+// to fill the GPU; 4 or 8 warps a CTA), or inside a main kernel that calls kdtr::merge_in_kernel (flash-sm90 on one-wave grids);
 // kdtr/flash_plan.py decides. The merge kernels open with kdtr::pdl_wait(): on sm_90+ they are launched dependent
 // on the main kernel (kdtr/pdl.py), which releases them at entry, so their launch overlaps its tail.
 
@@ -116,13 +116,14 @@ constexpr int COMBINE_WARPS = 8;        // warps of the combine kernel (and of f
 constexpr int COMBINE_MAX_CHUNKS = 4;   // CTAs per row at most: column chunks (grid.z = 1, 2 or 4; kdtr/flash_plan.py picks)
 constexpr int COMBINE_ROWS_MAX_SPLITS = 32;  // kdtr_flash_combine_rows: lane s holds split s's lse
 constexpr int COMBINE_RED_FLOATS = COMBINE_WARPS * 129 + COMBINE_WARPS;  // shared scratch of merge_row
-// kdtr::merge_chunk_narrow (kdtr_flash_combine_narrow's body): COLS columns a unit (a template argument that
-// kdtr/flash_plan.py picks: 32 or 64), a float4 per lane; NARROW_BATCH loads a lane in flight make 288 splits
-// one step at 32 columns (>= the 264 of two XR_ONLY CTAs on each of 132 SMs), 144 at 64.
+// kdtr::merge_chunk_narrow (kdtr_flash_combine_narrow's body): COLS columns a unit and WARPS warps a CTA
+// (template arguments that kdtr/flash_plan.py picks: 32 or 64, 4 or 8), a float4 per lane; NARROW_BATCH loads
+// a lane in flight make 288 splits one step at 32 columns and 8 warps (>= the 264 of two XR_ONLY CTAs on each
+// of 132 SMs), 144 at 64 columns, half that at 4 warps (kdtr/flash_plan.py reads it from the config array).
 constexpr int NARROW_BATCH = 9;
 constexpr float NARROW_FLOOR = -3.0e38f;  // below any lse; (floor - lse) * LOG2E overflows to -inf
-// shared scratch of merge_chunk_narrow<COLS>: [warps][COLS / 4 lanes][max, weight sum, 4 sums]
-__host__ __device__ constexpr int narrow_red_floats(int cols) { return COMBINE_WARPS * (cols / 4) * 6; }
+// shared scratch of merge_chunk_narrow<COLS, WARPS>: [warps][COLS / 4 lanes][max, weight sum, 4 sums]
+__host__ __device__ constexpr int narrow_red_floats(int cols, int warps) { return warps * (cols / 4) * 6; }
 // Partial rows in flight per warp in kdtr::merge_row. In-kernel merges run on one-wave grids: 8 warps
 // x 17 = 136 >= the splits of a 132-SM grid, all in one step. The combine kernel keeps 8-9: at 17 its
 // 256 threads needed more than 168 registers on sm_120 (spills).
@@ -247,16 +248,18 @@ __device__ __forceinline__ void merge_row(const KdtrParams& p, int row, int b, i
 
 // Merges output row `row` of request b, columns [chunk * COLS, chunk * COLS + COLS), from the splits' partials
 // (as merge_row). At COLS = 32, 8 lanes share a partial row's 128 bytes, so a warp reads 4 splits per load and
-// the COMBINE_WARPS calling warps 32; NARROW_BATCH loads a lane in flight make 288 splits one step: <= 288
-// splits are one L2 round trip for 9 KB of lse and 36 KB of rows (at 64: 16 lanes, 144 splits a step). Each
+// 8 calling warps 32; NARROW_BATCH loads a lane in flight make 288 splits one step: <= 288 splits are one L2
+// round trip for 9 KB of lse and 36 KB of rows (at 64: 16 lanes, 144 splits a step; 4 warps: half). Each
 // thread keeps a running maximum over its splits s = slot + STRIDE k (in order); the threads of a column in a
 // warp, then the warps, combine theirs in a fixed order, so the result does not depend on timing. `red`:
-// narrow_red_floats(COLS) of shared memory; `sync`: a barrier of the calling warps; chunk 0 writes lse.
-template <typename OutT, int COLS, typename Sync>
+// narrow_red_floats(COLS, WARPS) of shared memory; `sync`: a barrier of the WARPS calling warps; chunk 0
+// writes lse.
+template <typename OutT, int COLS, int WARPS, typename Sync>
 __device__ __forceinline__ void merge_chunk_narrow(const KdtrParams& p, int row, int b, int chunk, int warp, int lane,
                                                    float* red, Sync sync) {
   static_assert(COLS == 16 || COLS == 32 || COLS == 64, "a float4 per lane, 2-8 splits a warp");
-  constexpr int NARROW_LANES = COLS / 4, STRIDE = COMBINE_WARPS * 32 / NARROW_LANES;  // lanes a partial row, splits a load
+  static_assert(WARPS >= 1 && WARPS <= 32, "warps of a CTA");
+  constexpr int NARROW_LANES = COLS / 4, STRIDE = WARPS * 32 / NARROW_LANES;  // lanes a partial row, splits a load
   const int R = p.T * p.H, S = p.num_splits, q = lane % NARROW_LANES;
   const int slot = warp * (32 / NARROW_LANES) + lane / NARROW_LANES;  // this thread's first split
   const RowPartials part(p, b, row);
@@ -311,7 +314,7 @@ __device__ __forceinline__ void merge_chunk_narrow(const KdtrParams& p, int row,
   }
   sync();
   if (warp == 0 && lane < NARROW_LANES) {
-    for (int w = 1; w < COMBINE_WARPS; ++w) {  // warps in order
+    for (int w = 1; w < WARPS; ++w) {  // warps in order
       const float* r = red + (w * NARROW_LANES + q) * 6;
       merge(r[0], r[1], make_float4(r[2], r[3], r[4], r[5]));
     }
@@ -459,16 +462,17 @@ __global__ void __launch_bounds__(32 * COMBINE_WARPS) kdtr_flash_combine_jobs(co
                                    p.lse + (long long)b * R + row, threadIdx.x & 31);
 }
 
-// One CTA per (row, request, COLS-column chunk), grid (R, B, 512 / COLS): kdtr::merge_chunk_narrow, for decode
-// grids of few rows (8-80 a launch), where kdtr_flash_combine's CTAs, one per row and 128 columns, read their
+// One CTA of WARPS warps per (row, request, COLS-column chunk), grid (R, B, 512 / COLS): kdtr::merge_chunk_narrow,
+// for decode grids of few rows, where kdtr_flash_combine's CTAs, one per row and 128 columns, read their
 // splits in steps of 72 partial rows, an L2 round trip each, with the lse maximum a trip of its own (~6 us
-// after XR_ONLY's 241 splits); 32 columns for 8 rows, 64 up to 80 (docs/PERF.md, sessions 15-16).
-template <typename OutT, int COLS>
-__global__ void __maxnreg__(128) kdtr_flash_combine_narrow(const KdtrParams p) {  // 256 threads (COMBINE_WARPS)
-  __shared__ float red[narrow_red_floats(COLS)];
+// after XR_ONLY's 241 splits); 32 columns for 8 rows, 64 on more; 4 warps where they take every split in one
+// step, so that twice the CTAs are resident and a grid of up to ~80 rows is one wave (docs/PERF.md, sessions 15-17).
+template <typename OutT, int COLS, int WARPS>
+__global__ void __maxnreg__(128) kdtr_flash_combine_narrow(const KdtrParams p) {  // 32 * WARPS threads
+  __shared__ float red[narrow_red_floats(COLS, WARPS)];
   kdtr::pdl_wait();  // launched as dependent of the main kernel (kdtr/flash.py)
-  kdtr::merge_chunk_narrow<OutT, COLS>(p, blockIdx.x, blockIdx.y, blockIdx.z, threadIdx.x >> 5, threadIdx.x & 31, red,
-                                       [] { __syncthreads(); });
+  kdtr::merge_chunk_narrow<OutT, COLS, WARPS>(p, blockIdx.x, blockIdx.y, blockIdx.z, threadIdx.x >> 5, threadIdx.x & 31,
+                                              red, [] { __syncthreads(); });
 }
 
 // One CTA per (row, request, column chunk): kdtr::merge_row over the chunk's columns. Decode

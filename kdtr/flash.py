@@ -81,12 +81,12 @@ class FlashVariant:
 MMA = FlashVariant(
     CUDA_DIR / "flash_verify.cu", "kdtr_flash_verify<{mt}, {out}, {bug}>", "kdtr_flash_config",
     ("BN", "STAGES", "MAX_T", "SMEM_MT1", "SMEM_MT2", "SMEM_MT4", "THREADS_MT1", "THREADS_MT2", "THREADS_MT4",
-     "COMBINE_THREADS", "COMBINE_MAX_CHUNKS", "COMBINE_ROWS_MAX_SPLITS"),
+     "COMBINE_THREADS", "COMBINE_MAX_CHUNKS", "COMBINE_ROWS_MAX_SPLITS", "NARROW_BATCH"),
     (1, 2, 4))
 SM90 = FlashVariant(
     CUDA_DIR / "flash_sm90.cu", "kdtr_flash90_verify<{out}, {bug}, {merge}, {xr}>", "kdtr_flash90_config",
     ("BN", "STAGES", "MAX_T", "SMEM_MT4", "THREADS_MT4", "COMBINE_THREADS", "COMBINE_MAX_CHUNKS", "TMA_BOX_COLS",
-     "TMA_BOX_SLABS", "COMBINE_ROWS_MAX_SPLITS", "WORK_INTS", "JOB_INTS"), (4,),
+     "TMA_BOX_SLABS", "COMBINE_ROWS_MAX_SPLITS", "WORK_INTS", "JOB_INTS", "NARROW_BATCH"), (4,),
     "sm_90a", merges_in_kernel=True, kv_tensor_map=True, extra_rows=8, tile_ns=1060.0)
 
 class FlashKernel:
@@ -158,8 +158,13 @@ class FlashKernel:
             tail_fn = self._load(v.main.format(mt=mt, out=out_t, bug=self.bug, merge=0, xr=XR_ONLY), dependent=True)
             steps.append((tail_fn, (1, pl.splits, pr.B), (threads, 1, 1), smem, steps[0][4]))
         if pl.splits > 1 and not pl.merge:
-            name, grid = combine_launch(rows, pr.B, pl.splits, info["sm_count"], cfg, kn.combine)
-            steps.append((self._load(name.format(out=out_t)), grid, (cfg["COMBINE_THREADS"], 1, 1), 0))
+            def merge_per_sm(name: str, threads: int) -> int:  # CTAs per SM of a merge build, from its registers
+                res = next(iter(self._load(name.format(out=out_t)).compiled.resources.values()), None)
+                return occupancy(threads, res.registers if res else 255, res.shared_bytes if res else 0,
+                                 info["regs_per_sm"], info["smem_per_sm"])
+
+            name, grid, threads = combine_launch(rows, pr.B, pl.splits, info["sm_count"], cfg, merge_per_sm, kn.combine)
+            steps.append((self._load(name.format(out=out_t)), grid, (threads, 1, 1), 0))
         return steps, pl.workspace_bytes(pr.T, pr.H), pl.splits
 
     def _segment_steps(self, dp, seg, mt: int, out_t: str, cfg: dict):

@@ -21,17 +21,19 @@ from kdtr.presets import DK, DV
 COMBINE = "kdtr_flash_combine<{out}>"
 COMBINE_ROWS = "kdtr_flash_combine_rows<{out}>"
 COMBINE_JOBS = "kdtr_flash_combine_jobs<{out}, {rows}>"
-COMBINE_NARROW = "kdtr_flash_combine_narrow<{out}, {cols}>"
+COMBINE_NARROW = "kdtr_flash_combine_narrow<{out}, {cols}, {warps}>"
 """Name templates of the split merges (cuda/flash_split.cuh): per row and column chunk, a warp per row,
-the segments' cut jobs, per row and 32- or 64-column chunk (NARROW_COLS)."""
+the segments' cut jobs, per row and 32- or 64-column chunk (NARROW_COLS) with 4 or 8 warps (NARROW_WARPS)."""
 NARROW_COLS = (32, 64)
 """The narrow merge's chunk widths (its COLS template argument), narrowest first. Kimi decode, H200
 (docs/PERF.md, sessions 15-16): 32 columns on one 8-row request (128 CTAs, 288 splits one L2 round trip;
 64 was 0.6 us slower there); 64 on 16-80 rows (T1 B2, T5 B1, T9 B1: 0.1-1.6 us faster than 32 columns or
 kdtr_flash_combine's 128-column chunks; T5 B2 and T1 B4 level within ~1 %; 32 columns up to 4 us slower)."""
-NARROW_MAX_CTAS_PER_SM = 5
-"""The narrow merge where its widest chunks make at most this many CTAs an SM (80 rows at 64 columns on 132
-SMs: 4.8, measured level; more rows were not measured), with the narrowest whose grid fits one CTA an SM."""
+NARROW_WARPS = (4, 8)
+"""The narrow merge's warps a CTA (its WARPS template argument), fewest first: the fewest that take every
+split in one step of loads (narrow_warps). The merge is taken only where its grid is one wave of the chosen
+build (combine_launch): at 8 warps and 80 registers 3 CTAs fit an SM, and Kimi T1 P32k B8's 512 CTAs (64 rows,
+two waves) took 86.7-87.1 us against 84.5 with the 128-column merge (docs/PERF.md, session 17)."""
 
 NS_PER_KEY = 50.0
 """Model: one CTA's time per key of a full tile (~max of MMA time and KV bytes at one SM's share)."""
@@ -156,30 +158,40 @@ def combine_chunks(rows_total: int, sm_count: int, max_chunks: int) -> int:
     return max_chunks if rows_total < 2 * sm_count else 1
 
 
-def combine_launch(R: int, B: int, splits: int, sm_count: int, cfg: dict, force: str = "") -> tuple[str, tuple]:
-    """(name template, grid) of the split merge launch. A warp per row (``COMBINE_ROWS``) where
+def combine_launch(R: int, B: int, splits: int, sm_count: int, cfg: dict, per_sm, force: str = "") -> tuple[str, tuple, int]:
+    """(name template, grid, threads) of the split merge launch. A warp per row (``COMBINE_ROWS``) where
     the rows alone cover the GPU twice and every split's lse fits a lane: the row-per-CTA merge
     is latency-bound there (docs/PERF.md, session 6); ``COMBINE_NARROW`` (32- or 64-column chunks,
-    narrow_cols) on the few rows of decode launches (Kimi: 8-80 rows), where ``COMBINE``'s CTAs, one
-    per row and 128 columns, read hundreds of splits in steps of one L2 round trip (docs/PERF.md,
-    sessions 15-16); else ``COMBINE`` with column chunks. ``force``: "rows", "split", "narrow" (its
-    width as planned), "narrow32" or "narrow64" (experiments and tests; "rows" still needs splits to fit)."""
+    narrow_cols; 4 or 8 warps, narrow_warps) on the few rows of decode launches where its grid is one wave
+    (``per_sm(name, threads)``: CTAs of that build an SM, from its registers), where ``COMBINE``'s CTAs, one
+    per row and 128 columns, read hundreds of splits in steps of one L2 round trip (docs/PERF.md, sessions
+    15-17); else ``COMBINE`` with column chunks. ``force``: "rows", "split", "narrow" (its width as planned),
+    "narrow32" or "narrow64" (experiments and tests; "rows" still needs splits to fit, "narrow" needs no wave)."""
+    threads = cfg["COMBINE_THREADS"]
     chunks = combine_chunks(R * B, sm_count, cfg["COMBINE_MAX_CHUNKS"])
     fits = splits <= cfg["COMBINE_ROWS_MAX_SPLITS"]
     narrow = force.startswith("narrow")  # "narrow" (the planned width), "narrow32", "narrow64"
     if fits and (force == "rows" or (force != "split" and not narrow and chunks == 1)):
-        warps = cfg["COMBINE_THREADS"] // 32
-        return COMBINE_ROWS, (-(-R // warps), B, 1)
-    if narrow or (not force and R * B * (DV // NARROW_COLS[-1]) <= NARROW_MAX_CTAS_PER_SM * sm_count):
+        return COMBINE_ROWS, (-(-R // (threads // 32)), B, 1), threads
+    if narrow or (not force and chunks > 1):  # few rows: the narrow merge where one wave of it takes them
         cols = int(force[len("narrow"):] or narrow_cols(R * B, sm_count))
-        return COMBINE_NARROW.format(out="{out}", cols=cols), (R, B, DV // cols)
-    return COMBINE, (R, B, chunks)
+        warps = narrow_warps(splits, cols, cfg["NARROW_BATCH"])
+        name, grid = COMBINE_NARROW.format(out="{out}", cols=cols, warps=warps), (R, B, DV // cols)
+        if narrow or R * B * (DV // cols) <= per_sm(name, 32 * warps) * sm_count:
+            return name, grid, 32 * warps
+    return COMBINE, (R, B, chunks), threads
 
 
 def narrow_cols(rows: int, sm_count: int) -> int:
     """The narrow merge's chunk width for ``rows`` output rows: the narrowest whose grid (a CTA per row
     and chunk) fits one CTA an SM, else the widest (NARROW_COLS)."""
     return next((c for c in NARROW_COLS if rows * (DV // c) <= sm_count), NARROW_COLS[-1])
+
+
+def narrow_warps(splits: int, cols: int, batch: int) -> int:
+    """The narrow merge's warps a CTA: the fewest (NARROW_WARPS) whose threads load every split in one step
+    (``cols`` / 4 lanes share a partial row, each lane ``batch`` loads in flight), else the most."""
+    return next((w for w in NARROW_WARPS if splits <= w * 32 // (cols // 4) * batch), NARROW_WARPS[-1])
 
 
 def extra_row_tiles(rows: int, tile: int, extra_rows: int) -> tuple[int, int]:

@@ -168,7 +168,8 @@ def compile_targets(bugs=tuple(Bug)) -> list[tuple[Path, list[str], tuple[str, .
                  for mt in variant.mts for o in DTYPES for b in bugs for m in merges for x in xrs
                  if not (m and x)]  # transposed rows never merge in-kernel (kdtr/flash_plan.py)
         combine = [c.format(out=CTYPES[o]) for c in (flash_plan.COMBINE, flash_plan.COMBINE_ROWS) for o in DTYPES]
-        combine += [flash_plan.COMBINE_NARROW.format(out=CTYPES[o], cols=c) for o in DTYPES for c in flash_plan.NARROW_COLS]
+        combine += [flash_plan.COMBINE_NARROW.format(out=CTYPES[o], cols=c, warps=w)
+                    for o in DTYPES for c in flash_plan.NARROW_COLS for w in flash_plan.NARROW_WARPS]
         if variant.tile_ns:  # takes segments: their merge too
             combine += [flash_plan.COMBINE_JOBS.format(out=CTYPES[o], rows=16 * mt) for o in DTYPES for mt in variant.mts]
         targets.append((variant.source, exprs + combine, (variant.arch,) if variant.arch else ALL_ARCHS))

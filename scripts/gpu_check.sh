@@ -34,6 +34,8 @@
 #   narrow: the narrow combine: ci, flash tests, flash sanitizer tests, Kimi T1 timings, the sweep
 #   flashnarrow: flash (mma.sync) under the narrow combine: sanitizers (forced), timings; flash-sm90's T5 B1 merges
 #   narrow64: the narrow combine's 64-column chunks: ci, flash tests, sanitizers (forced too), timings of both kernels
+#   abtree2: ab_old/ against this tree twice, interleaved, both flash kernels (scripts/ab_table.py)
+#   narrowwarps: the narrow merge's 4- or 8-warp builds: ci, flash tests, sanitizer tests, interleaved A/B
 #   ncuxonly: per-instruction stall samples of XR_ONLY (Kimi T1 P128k B32 planned, B1 forced) and the 64-row B1
 #   xonly : flash-sm90's XR_ONLY decode: ci, its GPU tests, timings as planned, KDTR_FLASH_XR=0 and =1
 #   seg   : flash-sm90's segments: ci (planned, then forced) + every flash test + forced-path sanitizer tests, then
@@ -128,6 +130,21 @@ ab_timings() {  # ab_timings SET [LINES]: ab_old/ (if any) and this tree's flash
   old_tree_timings "$1" || note "no ab_old/ tree: this tree alone"
   stage ab_new timeout 200 python3 scripts/sm90_ablate.py "$1" new=
   grep -v Warn "$LOGS/ab_new.log" | tail -n "${2:-48}" >>"$SUMMARY"
+}
+
+ab_interleaved() {  # ab_interleaved SET: ab_old/ (if any) and this tree twice, old / new / old / new, one machine:
+  local i tree envs  # flash-sm90 on sm90_ablate.py's SET, flash on Kimi decode B1; one table per kernel
+  for i in 1 2; do
+    for tree in old new; do
+      [ $tree = old ] && [ ! -d ab_old/kdtr ] && continue
+      envs=$([ $tree = old ] && echo "KDTR_CACHE_DIR=$PWD/.kdtr-cache-old PYTHONPATH=$PWD/ab_old")
+      stage ab_$tree$i env $envs timeout 200 python3 scripts/sm90_ablate.py "$1" $tree$i=
+      stage flash_$tree$i env $envs timeout 100 python3 -m kdtr.cli bench -k flash --baselines none --model kimi-k2 \
+        --tp 8 --budget 0,8 --prefix 32k,128k --batch 1 --no-check --json "$LOGS/flash_$tree$i.json"
+    done
+  done
+  python3 scripts/ab_table.py "$LOGS"/ab_*.log >>"$SUMMARY"
+  for f in "$LOGS"/flash_*.json; do note "$(basename "$f" .json):"; python3 scripts/bench_summary.py "$f" >>"$SUMMARY"; done
 }
 
 forced_ci() {  # forced_ci: flash-sm90 on ci (--repeat 3) with transposed rows, segments and the combine launch forced
@@ -427,6 +444,16 @@ for mode in "${@:-check}"; do
       stage ablate_t5 timeout 200 python3 scripts/sm90_ablate.py t15 base= narrow=KDTR_FLASH_COMBINE=narrow \
         merge2=KDTR_FLASH_MERGE=2 narrow64=KDTR_FLASH_COMBINE=narrow64 base2=
       grep -vE "^$" "$LOGS/ablate_t5.log" | tail -n 29 >>"$SUMMARY"
+      ;;
+    abtree2)  # ab_old/ against this tree twice, interleaved: flash-sm90 on $AB_SHAPES (default balance), flash on Kimi decode
+      ab_interleaved "${AB_SHAPES:-balance}"
+      ;;
+    narrowwarps)  # session 17: the narrow merge with 4 or 8 warps, one wave: ci, flash tests, flash sanitizer tests, then
+                  # ab_old/ against this tree twice, interleaved, on the decode shapes whose merge it picks
+      ci_verify flash flash-sm90
+      flash_tests
+      flash_san_tests
+      ab_interleaved narrowwarps
       ;;
     narrow64)  # the narrow combine's 64-column chunks on 16-80 rows (session 16): ci, every flash test, the flash
                # sanitizer tests, memcheck / racecheck on ci with 64 columns forced, timings against 32 and 128 columns

@@ -50,6 +50,10 @@ SHAPES = {
     "rows16to80": (bench.grid(["kimi-k2"], [8], [4], [32768, 131072], [1, 2]) + bench.grid(["kimi-k2"], [8], [8], [32768, 131072], [1])
                    + bench.grid(["kimi-k2"], [8], [0], [32768, 131072], [2, 4])),
     "t15": bench.grid(["kimi-k2"], [8], [0, 4], [32768, 131072], [1]),
+    "t1b8": bench.grid(["kimi-k2"], [8], [0], [32768, 131072], [8]),  # 64 rows a launch: the 64-column merge by the rule
+    # the narrow merge's warps (session 17): every Kimi decode launch of 8-80 rows, and T9 B2 (144 rows)
+    "narrowwarps": (bench.grid(["kimi-k2"], [8], [0], [32768, 131072], [1, 2, 4, 8]) + bench.grid(["kimi-k2"], [8], [4], [32768, 131072], [1, 2])
+                    + bench.grid(["kimi-k2"], [8], [8], [32768, 131072], [1, 2])),
     "recheck": (bench.grid(["deepseek-v3"], [8], [64], [131072], [8]) + bench.grid(["deepseek-v3"], [8], [256, 512], [32768], [8])
                 + bench.grid(["deepseek-v3"], [8], [64], [32768], [1])
                 + bench.grid(["kimi-k2"], [8], [0, 4], [32768], [1])),

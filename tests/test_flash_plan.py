@@ -109,29 +109,51 @@ def test_decode_split_count_counts_the_tail_tile():
 
 def test_combine_launch_takes_a_warp_per_row_where_rows_fill_the_gpu():
     """Compute shapes (1040+ rows, splits that fit a lane each) merge a warp per row; decode launches
-    of 8-80 rows the narrow merge (32-column chunks for one 8-row request, 64 up to 80 rows); more
-    rows the row-per-CTA merge with column chunks, and so does any split count above the rows
-    kernel's limit; KDTR_FLASH_COMBINE's values force each where it can run."""
+    of few rows the narrow merge (32-column chunks for one 8-row request, 64 on more; 4 warps where they
+    take every split in one step) where its grid is one wave of that build; more rows the row-per-CTA merge
+    with column chunks, and so does any split count above the rows kernel's limit; KDTR_FLASH_COMBINE's
+    values force each where it can run."""
     from kdtr.flash_plan import COMBINE, COMBINE_NARROW, COMBINE_ROWS, combine_launch
 
-    narrow = lambda cols: COMBINE_NARROW.format(out="{out}", cols=cols)  # noqa: E731
-    cfg = {"COMBINE_MAX_CHUNKS": 4, "COMBINE_ROWS_MAX_SPLITS": 32, "COMBINE_THREADS": 256}
-    assert combine_launch(1040, 1, 7, H200_SMS, cfg) == (COMBINE_ROWS, (130, 1, 1))
-    assert combine_launch(4112, 8, 2, H200_SMS, cfg) == (COMBINE_ROWS, (514, 8, 1))
-    assert combine_launch(8, 1, 241, H200_SMS, cfg) == (narrow(32), (8, 1, 16))  # Kimi T1 B1: 128 CTAs
-    assert combine_launch(8, 2, 241, H200_SMS, cfg) == (narrow(64), (8, 2, 8))  # T1 B2: 32 columns would be 256
-    assert combine_launch(40, 1, 129, H200_SMS, cfg) == (narrow(64), (40, 1, 8))  # T5 B1
-    assert combine_launch(72, 1, 66, H200_SMS, cfg) == (narrow(64), (72, 1, 8))  # T9 B1
-    assert combine_launch(40, 2, 129, H200_SMS, cfg) == (narrow(64), (40, 2, 8))  # 80 rows: 640 CTAs, 4.8 an SM
-    assert combine_launch(72, 2, 66, H200_SMS, cfg) == (COMBINE, (72, 2, 4))  # 144 rows
-    assert combine_launch(8, 32, 10, H200_SMS, cfg) == (COMBINE, (8, 32, 4))
-    assert combine_launch(72, 1, 66, H200_SMS, cfg, force="narrow32") == (narrow(32), (72, 1, 16))
-    assert combine_launch(8, 1, 241, H200_SMS, cfg, force="narrow64") == (narrow(64), (8, 1, 8))
-    assert combine_launch(1040, 1, 7, H200_SMS, cfg, force="narrow") == (narrow(64), (1040, 1, 8))
-    assert combine_launch(1040, 1, 33, H200_SMS, cfg) == (COMBINE, (1040, 1, 1))  # splits past a warp
-    assert combine_launch(72, 1, 7, H200_SMS, cfg, force="rows") == (COMBINE_ROWS, (9, 1, 1))
-    assert combine_launch(1040, 1, 7, H200_SMS, cfg, force="split") == (COMBINE, (1040, 1, 1))
-    assert combine_launch(72, 1, 40, H200_SMS, cfg, force="rows") == (COMBINE, (72, 1, 4))
+    narrow = lambda cols, warps: COMBINE_NARROW.format(out="{out}", cols=cols, warps=warps)  # noqa: E731
+    cfg = {"COMBINE_MAX_CHUNKS": 4, "COMBINE_ROWS_MAX_SPLITS": 32, "COMBINE_THREADS": 256, "NARROW_BATCH": 9}
+    asked = []
+
+    def per_sm(name, threads):  # 80 registers a thread: 3 CTAs of 8 warps an SM, 6 of 4 (the H200 builds)
+        asked.append((name, threads))
+        return 65536 // (80 * threads)
+
+    def launch(*args, force=""):
+        return combine_launch(*args[:3], H200_SMS, cfg, per_sm, force)
+
+    assert launch(1040, 1, 7) == (COMBINE_ROWS, (130, 1, 1), 256)
+    assert launch(4112, 8, 2) == (COMBINE_ROWS, (514, 8, 1), 256)
+    assert launch(1040, 1, 33) == (COMBINE, (1040, 1, 1), 256)  # splits past a warp; rows fill the GPU
+    assert not asked  # rows that cover the GPU twice: no narrow build is loaded to find that out
+    assert launch(8, 32, 10) == (COMBINE, (8, 32, 4), 256)  # 256 rows: 2048 CTAs of 4 warps, 2.6 waves
+    assert launch(8, 1, 241) == (narrow(32, 8), (8, 1, 16), 256)  # Kimi T1 B1: 128 CTAs, 288 splits a step
+    assert launch(8, 2, 241) == (narrow(64, 8), (8, 2, 8), 256)  # T1 B2: 32 columns would be 256 CTAs
+    assert launch(40, 1, 129) == (narrow(64, 8), (40, 1, 8), 256)  # T5 B1: 320 CTAs, one wave of 396
+    assert launch(72, 1, 66) == (narrow(64, 4), (72, 1, 8), 128)  # T9 B1: 72 splits a step; 576 of 792
+    assert launch(8, 8, 33) == (narrow(64, 4), (8, 8, 8), 128)  # T1 B8: 512 CTAs, one wave at 4 warps
+    assert launch(40, 2, 129) == (COMBINE, (40, 2, 4), 256)  # 80 rows at 8 warps: 640 CTAs, two waves
+    assert launch(72, 2, 66) == (COMBINE, (72, 2, 4), 256)  # 144 rows: 1152 CTAs
+    assert ("kdtr_flash_combine_narrow<{out}, 64, 4>", 128) in asked and ("kdtr_flash_combine_narrow<{out}, 64, 8>", 256) in asked
+    assert launch(72, 1, 66, force="narrow32") == (narrow(32, 4), (72, 1, 16), 128)
+    assert launch(8, 1, 241, force="narrow64") == (narrow(64, 8), (8, 1, 8), 256)
+    assert launch(1040, 1, 7, force="narrow") == (narrow(64, 4), (1040, 1, 8), 128)  # forced: any number of waves
+    assert launch(72, 1, 7, force="rows") == (COMBINE_ROWS, (9, 1, 1), 256)
+    assert launch(1040, 1, 7, force="split") == (COMBINE, (1040, 1, 1), 256)
+    assert launch(72, 1, 40, force="rows") == (COMBINE, (72, 1, 4), 256)
+
+
+def test_narrow_warps_take_every_split_in_one_step_where_they_can():
+    """4 warps while their loads cover the splits in one step (64 columns: 16 lanes a row, 2 rows a warp,
+    9 loads a lane: 72 splits; 32 columns: 144), else 8 (144 / 288), and 8 past that too (more steps)."""
+    from kdtr.flash_plan import narrow_warps
+
+    assert [narrow_warps(s, 64, 9) for s in (1, 72, 73, 144, 145, 600)] == [4, 4, 8, 8, 8, 8]
+    assert [narrow_warps(s, 32, 9) for s in (144, 145, 288, 289)] == [4, 8, 8, 8]
 
 
 @pytest.mark.parametrize("rows, tile, extra, expect", [
@@ -210,7 +232,7 @@ def test_rows_past_64k_run_as_a_tail_launch_only_where_forced():
 
 def sm90_steps_on_a_faked_h200(monkeypatch, B: int, T: int, H: int, P: int, env: dict):
     """FlashKernel.steps of flash-sm90 with the launch layer faked (no GPU): an H200's properties, loaded
-    kernels whose registers are ptxas's for their build (XR_ONLY 56, the rest 168), the config array as
+    kernels whose registers are ptxas's for their build (XR_ONLY 56, the merges 80, the rest 168), the config array as
     the kernel exports it. Returns [(name expression, grid, dependent)] of the launches."""
     import types
 
@@ -226,15 +248,16 @@ def sm90_steps_on_a_faked_h200(monkeypatch, B: int, T: int, H: int, P: int, env:
     monkeypatch.setattr(launch, "device_ints", lambda a: a)
 
     def load(source, expr, arch=None, options=(), dependent=False):
-        regs = 56 if expr.endswith(", 1>") else 168
-        compiled = types.SimpleNamespace(resources={"k": types.SimpleNamespace(registers=regs)}, lowered={expr: "k"})
+        regs = 80 if expr.startswith("kdtr_flash_combine") else 56 if expr.endswith(", 1>") else 168
+        compiled = types.SimpleNamespace(resources={"k": types.SimpleNamespace(registers=regs, shared_bytes=0)},
+                                         lowered={expr: "k"})
         return launch.Loaded(None, None, compiled, launch.DEFAULT_LAUNCH, dependent)
 
     monkeypatch.setattr(launch, "load_function", load)
     k = resolve_kernel("flash-sm90")
     k._config = dict(BN=32, STAGES=2, MAX_T=1280, SMEM_MT4=101280, THREADS_MT4=384, COMBINE_THREADS=256,
                      COMBINE_MAX_CHUNKS=4, TMA_BOX_COLS=64, TMA_BOX_SLABS=9, COMBINE_ROWS_MAX_SPLITS=32, WORK_INTS=6,
-                     JOB_INTS=4)
+                     JOB_INTS=4, NARROW_BATCH=9)
     from kdtr import tma
 
     monkeypatch.setattr(tma, "encode", lambda spec, ptr: spec)  # the driver encodes it on a GPU
@@ -250,13 +273,14 @@ def sm90_steps_on_a_faked_h200(monkeypatch, B: int, T: int, H: int, P: int, env:
 
 def test_the_planned_launches_take_each_build_where_the_plan_says(monkeypatch):
     """From the plan to the launches (faked launch layer): Kimi decode B1 takes XR_ONLY and the narrow
-    combine launch (32-column chunks; T9 B1's 72 rows 64) (KDTR_FLASH_XR=0: the 64-row build, merging in-kernel); B32 P128k takes XR_ONLY with the
+    combine launch (32-column chunks, 8 warps; T9 B1's 72 rows 64 columns, 4 warps) (KDTR_FLASH_XR=0: the 64-row
+    build, merging in-kernel); B32 P128k takes XR_ONLY with the
     128-column combine; T9 B1 two 64-row tiles; the tail launch, forced, follows the 64-row launch
     dependent on it, then the combine."""
     run = lambda *a, **env: sm90_steps_on_a_faked_h200(monkeypatch, *a, env)  # noqa: E731
     main, combine = run(1, 1, 8, 131072)
     assert main[:2] == ("kdtr_flash90_verify<__nv_bfloat16, 0, 0, 1>", (1, 241, 1))
-    assert combine[:2] == ("kdtr_flash_combine_narrow<__nv_bfloat16, 32>", (8, 1, 16)) and combine[2]
+    assert combine[:2] == ("kdtr_flash_combine_narrow<__nv_bfloat16, 32, 8>", (8, 1, 16)) and combine[2]
     (one,) = run(1, 1, 8, 131072, KDTR_FLASH_XR="0")
     assert one[0] == "kdtr_flash90_verify<__nv_bfloat16, 0, 1, 0>" and one[1][0] == 1
     main, combine = run(32, 1, 8, 131072)
@@ -265,7 +289,7 @@ def test_the_planned_launches_take_each_build_where_the_plan_says(monkeypatch):
     assert run(32, 1, 8, 131072, KDTR_FLASH_XR="0")[0][0].endswith(", 0, 0>")
     t9 = run(1, 9, 8, 32768)
     assert t9[0][0].endswith(", 0, 0>") and t9[0][1][0] == 2 and len(t9) == 2
-    assert t9[1][:2] == ("kdtr_flash_combine_narrow<__nv_bfloat16, 64>", (72, 1, 8))  # 72 rows: 64-column chunks
+    assert t9[1][:2] == ("kdtr_flash_combine_narrow<__nv_bfloat16, 64, 4>", (72, 1, 8))  # 72 rows: 64 columns, 4 warps
     main, tail, combine = run(1, 9, 8, 32768, KDTR_FLASH_TAIL="1")
     assert main[:2] == ("kdtr_flash90_verify<__nv_bfloat16, 0, 0, 0>", (1, 88, 1)) and not main[2]
     assert tail == ("kdtr_flash90_verify<__nv_bfloat16, 0, 0, 1>", (1, 88, 1), True) and combine[2]

@@ -206,8 +206,9 @@ def test_flash_sm90_reads_full_prefix_tiles_through_the_tensor_map(page_size):
 @pytest.mark.parametrize("name", ["flash", "flash-sm90"])
 def test_both_combine_kernels_merge_exactly_and_catch_the_merge_bug(name, combine, monkeypatch):
     """kdtr_flash_combine_rows (a warp per row), kdtr_flash_combine (a CTA per row, column chunks) and
-    kdtr_flash_combine_narrow (a CTA per row and 32 or 64 columns) each merge 7 forced splits of a 1040-row
-    request to the reference, relaunch bit-identically, and the planted merge bug fails through each."""
+    kdtr_flash_combine_narrow (a CTA per row and 32 or 64 columns, 4 warps for 7 splits) each merge 7 forced
+    splits of a 1040-row request to the reference, relaunch bit-identically, and the planted merge bug fails
+    through each."""
     import numpy as np
 
     from kdtr.cases import CaseSpec, build_problem
@@ -225,7 +226,7 @@ def test_both_combine_kernels_merge_exactly_and_catch_the_merge_bug(name, combin
     want, tol = reference(prob)[0], default(spec.kv_dtype, spec.out_dtype, "out")
     dp = DeviceProblem(prob, spec.out_dtype)
     steps, ws, splits = resolve_kernel(name).steps(dp)
-    expect = {"rows": COMBINE_ROWS, "split": COMBINE}.get(combine, COMBINE_NARROW.format(out="{out}", cols=combine[6:]))
+    expect = {"rows": COMBINE_ROWS, "split": COMBINE}.get(combine, COMBINE_NARROW.format(out="{out}", cols=combine[6:], warps=4))
     assert splits == 7 and len(steps) == 2
     assert set(steps[1][0].compiled.lowered) == {expect.format(out=CTYPES[spec.out_dtype])}
     go = make_launcher(dp, steps, ws, splits)
@@ -266,7 +267,8 @@ def test_narrow_combine_merges_hundreds_of_splits_some_empty(name, xr, width, mo
     dp = DeviceProblem(prob, spec.out_dtype)
     steps, ws, splits = resolve_kernel(name).steps(dp)
     assert splits == 300 and len(steps) == 2, (splits, len(steps))
-    assert set(steps[1][0].compiled.lowered) == {COMBINE_NARROW.format(out=CTYPES[spec.out_dtype], cols=width[6:])}
+    # 300 splits: past one step of either width, so 8 warps
+    assert set(steps[1][0].compiled.lowered) == {COMBINE_NARROW.format(out=CTYPES[spec.out_dtype], cols=width[6:], warps=8)}
     relaunch_matches(dp, make_launcher(dp, steps, ws, splits), want, spec.kv_dtype, spec.out_dtype)
     buggy = resolve_kernel(variant_name(name, Bug.MERGE_WRONG_MAX)).run(prob, spec.out_dtype)
     assert compare(buggy.out, want[0], default(spec.kv_dtype, spec.out_dtype, "out")).status.failed
