@@ -112,6 +112,13 @@ class FlashKernel:
                                                        options=self.options, dependent=dependent)
         return self._fns[expr, dependent]
 
+    def _per_sm(self, expr: str, threads: int, dynamic_smem: int, info: dict) -> int:
+        """Resident CTAs an SM of build ``expr`` launched with ``threads`` and ``dynamic_smem``: ptxas's
+        registers and static shared memory for it (255 registers where the report is missing)."""
+        res = next(iter(self._load(expr).compiled.resources.values()), None)
+        return occupancy(threads, res.registers if res else 255, dynamic_smem + (res.shared_bytes if res else 0),
+                         info["regs_per_sm"], info["smem_per_sm"])
+
     def config(self) -> dict:
         """The compiled module's config array: BN, STAGES, MAX_T, smem bytes and threads per mt..."""
         if self._config is None:
@@ -136,9 +143,7 @@ class FlashKernel:
         threads, smem = v.launch_shape(cfg, mt)
 
         def resident(xr: int) -> int:  # CTAs per SM of a build (merge and segments keep the launch bounds)
-            f = self._load(v.main.format(mt=mt, out=out_t, bug=self.bug, merge=0, xr=xr))
-            regs = next(iter(f.compiled.resources.values())).registers if f.compiled.resources else 255
-            return occupancy(threads, regs, smem, info["regs_per_sm"], info["smem_per_sm"])
+            return self._per_sm(v.main.format(mt=mt, out=out_t, bug=self.bug, merge=0, xr=xr), threads, smem, info)
 
         per_sm = resident(0)
         # XR_ONLY: a request of <= 8 rows, or the tail launch of 64 k + 1..8 rows
@@ -158,13 +163,10 @@ class FlashKernel:
             tail_fn = self._load(v.main.format(mt=mt, out=out_t, bug=self.bug, merge=0, xr=XR_ONLY), dependent=True)
             steps.append((tail_fn, (1, pl.splits, pr.B), (threads, 1, 1), smem, steps[0][4]))
         if pl.splits > 1 and not pl.merge:
-            def merge_per_sm(name: str, threads: int) -> int:  # CTAs per SM of a merge build, from its registers
-                res = next(iter(self._load(name.format(out=out_t)).compiled.resources.values()), None)
-                return occupancy(threads, res.registers if res else 255, res.shared_bytes if res else 0,
-                                 info["regs_per_sm"], info["smem_per_sm"])
-
-            name, grid, threads = combine_launch(rows, pr.B, pl.splits, info["sm_count"], cfg, merge_per_sm, kn.combine)
-            steps.append((self._load(name.format(out=out_t)), grid, (threads, 1, 1), 0))
+            name, grid, merge_threads = combine_launch(
+                rows, pr.B, pl.splits, info["sm_count"], cfg, lambda n, t: self._per_sm(n.format(out=out_t), t, 0, info),
+                kn.combine)
+            steps.append((self._load(name.format(out=out_t)), grid, (merge_threads, 1, 1), 0))
         return steps, pl.workspace_bytes(pr.T, pr.H), pl.splits
 
     def _segment_steps(self, dp, seg, mt: int, out_t: str, cfg: dict):

@@ -10,6 +10,7 @@ measured on the H200 (docs/PERF.md names the run).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -158,7 +159,8 @@ def combine_chunks(rows_total: int, sm_count: int, max_chunks: int) -> int:
     return max_chunks if rows_total < 2 * sm_count else 1
 
 
-def combine_launch(R: int, B: int, splits: int, sm_count: int, cfg: dict, per_sm, force: str = "") -> tuple[str, tuple, int]:
+def combine_launch(R: int, B: int, splits: int, sm_count: int, cfg: dict, per_sm: Callable[[str, int], int],
+                   force: str = "") -> tuple[str, tuple, int]:
     """(name template, grid, threads) of the split merge launch. A warp per row (``COMBINE_ROWS``) where
     the rows alone cover the GPU twice and every split's lse fits a lane: the row-per-CTA merge
     is latency-bound there (docs/PERF.md, session 6); ``COMBINE_NARROW`` (32- or 64-column chunks,
