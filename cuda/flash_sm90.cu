@@ -187,10 +187,10 @@ static_assert(32 * COMBINE_WARPS == 256 && (COMBINE_RED_FLOATS + 1) * 4 <= STAGE
 }  // namespace f90
 
 // Read by kdtr/flash.py (module.get_global) so the launcher never restates these numbers.
-extern "C" __constant__ int kdtr_flash90_config[13] = {f90::BN, f90::STAGES, f90::MAX_T, f90::Smem::bytes,
+extern "C" __constant__ int kdtr_flash90_config[14] = {f90::BN, f90::STAGES, f90::MAX_T, f90::Smem::bytes,
                                                       f90::NTHREADS, 32 * COMBINE_WARPS, COMBINE_MAX_CHUNKS,
                                                       f90::TMA_BOX_COLS, f90::TMA_BOX_SLABS, COMBINE_ROWS_MAX_SPLITS,
-                                                      kdtr::WORK_INTS, kdtr::JOB_INTS, NARROW_BATCH};
+                                                      kdtr::WORK_INTS, kdtr::JOB_INTS, NARROW_BATCH, COMBINE_ROWS_BATCH};
 
 // The KV cache as a TMA tensor (a CUtensorMap, 128 opaque bytes): kdtr/tma.py encodes it on the host
 // as 3-D bf16 (64 columns, num_pages * page_size slots, 9 slabs; the slab dimension a 128-byte stride),

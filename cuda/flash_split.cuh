@@ -10,8 +10,8 @@
 // names; pieces of a cut job write fp32 partial out [slots, ROWS, 512] then lse [slots, ROWS] at their
 // slot (num_splits = slots), merged by kdtr_flash_combine_jobs<OutT, ROWS>; a job in one piece writes
 // out directly. A partial row index prow addresses both arrays: lse at prow, out at prow * 512.
-// The merge runs as kdtr_flash_combine_rows<OutT> (one warp per row: many-row grids, splits <=
-// COMBINE_ROWS_MAX_SPLITS), as kdtr_flash_combine<OutT>, launched with grid (R, B, chunks <=
+// The merge runs as kdtr_flash_combine_rows<OutT, PARTS> (one warp per row or half row: many-row grids,
+// splits <= COMBINE_ROWS_MAX_SPLITS), as kdtr_flash_combine<OutT>, launched with grid (R, B, chunks <=
 // COMBINE_MAX_CHUNKS) and block 32 * COMBINE_WARPS (decode batches: up to hundreds of splits), as
 // kdtr_flash_combine_narrow<OutT, COLS, WARPS> (32- or 64-column chunks: rows too few for 128-column chunks
 // to fill the GPU; 4 or 8 warps a CTA), or inside a main kernel that calls kdtr::merge_in_kernel (flash-sm90 on one-wave grids);
@@ -115,6 +115,7 @@ __device__ __forceinline__ void for_each_tail_word(const unsigned* mask_b, int r
 constexpr int COMBINE_WARPS = 8;        // warps of the combine kernel (and of flash-sm90's in-kernel merge)
 constexpr int COMBINE_MAX_CHUNKS = 4;   // CTAs per row at most: column chunks (grid.z = 1, 2 or 4; kdtr/flash_plan.py picks)
 constexpr int COMBINE_ROWS_MAX_SPLITS = 32;  // kdtr_flash_combine_rows: lane s holds split s's lse
+constexpr int COMBINE_ROWS_BATCH = 4;   // kdtr::merge_row_warp: partial rows in flight a warp over all 512 columns
 constexpr int COMBINE_RED_FLOATS = COMBINE_WARPS * 129 + COMBINE_WARPS;  // shared scratch of merge_row
 // kdtr::merge_chunk_narrow (kdtr_flash_combine_narrow's body): COLS columns a unit and WARPS warps a CTA
 // (template arguments that kdtr/flash_plan.py picks: 32 or 64, 4 or 8), a float4 per lane; NARROW_BATCH loads
@@ -373,14 +374,16 @@ __device__ __forceinline__ void merge_in_kernel(const KdtrParams& p, int b, int 
 }
 
 
-// One warp merges one output row from S partial rows: partial s's lse at ws_lse[prow(s)], its row
-// at ws_o + prow(s) * 512. Lane s holds slot s's lse (32 at a time), every lane reads its 16 columns
-// (4 float4, lane + 32 j) of 4 partials at a time; no barrier, no shared memory. ANY_S: S may pass
-// 32 (the chunk loop costs ~20 registers, so callers with S <= 32 leave it out).
-template <typename OutT, bool ANY_S, typename Prow>
+// One warp merges columns [col0, col0 + 128 PER_LANE) of one output row from S partial rows: partial s's
+// lse at ws_lse[prow(s)], its row at ws_o + prow(s) * 512; `out` is the output row. Lane s holds slot s's
+// lse (32 at a time), every lane reads its 4 PER_LANE columns (PER_LANE float4, lane + 32 j) of BATCH
+// partials at a time; no barrier, no shared memory. The whole row (PER_LANE 4) keeps COMBINE_ROWS_BATCH
+// partials in flight; half a row (PER_LANE 2), twice as many in the same registers. lse_out: written if not
+// null. ANY_S: S may pass 32 (the chunk loop costs ~20 registers, so callers with S <= 32 leave it out).
+template <typename OutT, bool ANY_S, int PER_LANE, int BATCH, typename Prow>
 __device__ __forceinline__ void merge_row_warp(const float* ws_o, const float* ws_lse, Prow prow, int S, OutT* out,
-                                               float* lse_out, int lane) {
-  constexpr int BATCH = 4, PER_LANE = KDTR_DV / 4 / 32;  // float4 of a row per lane: 4
+                                               float* lse_out, int lane, int col0) {
+  static_assert(PER_LANE * BATCH == 4 * COMBINE_ROWS_BATCH, "the loads in flight a lane: 16 float4");
   const float l0 = lane < S ? ws_lse[prow(lane)] : neg_inf();
   float M = l0;
   if (ANY_S)
@@ -397,7 +400,7 @@ __device__ __forceinline__ void merge_row_warp(const float* ws_o, const float* w
       float4 x[BATCH][PER_LANE];
 #pragma unroll
       for (int k = 0; k < BATCH; ++k) {  // an index past S reads partial S - 1 again, with weight 0
-        const float4* src = reinterpret_cast<const float4*>(ws_o + prow(min(c0 + s0 + k, S - 1)) * KDTR_DV);
+        const float4* src = reinterpret_cast<const float4*>(ws_o + prow(min(c0 + s0 + k, S - 1)) * KDTR_DV + col0);
 #pragma unroll
         for (int j = 0; j < PER_LANE; ++j) x[k][j] = src[lane + 32 * j];
       }
@@ -419,30 +422,33 @@ __device__ __forceinline__ void merge_row_warp(const float* ws_o, const float* w
   const float inv = 1.f / wsum;
 #pragma unroll
   for (int j = 0; j < PER_LANE; ++j) {
-    const int c = 4 * (lane + 32 * j);
+    const int c = col0 + 4 * (lane + 32 * j);
     store2<OutT>(out + c, acc[j].x * inv, acc[j].y * inv);
     store2<OutT>(out + c + 2, acc[j].z * inv, acc[j].w * inv);
   }
-  if (lane == 0) *lse_out = M + logf(wsum);
+  if (lane == 0 && lse_out) *lse_out = M + logf(wsum);
 }
 
 }  // namespace kdtr
 
-// One warp per output row, COMBINE_WARPS rows per CTA, grid (ceil(R / COMBINE_WARPS), B), for
-// splits <= COMBINE_ROWS_MAX_SPLITS (kdtr::merge_row_warp). kdtr/flash_plan.py picks it where the rows
-// alone fill the GPU (compute shapes), where kdtr_flash_combine's one row per CTA waited on three
-// dependent round trips per row (docs/PERF.md, session 6: 0.75 TB/s).
-template <typename OutT>
+// One warp per output row (PARTS = 1) or half row (PARTS = 2, grid.z the half), COMBINE_WARPS rows per CTA,
+// grid (ceil(R / COMBINE_WARPS), B, PARTS), for splits <= COMBINE_ROWS_MAX_SPLITS (kdtr::merge_row_warp).
+// kdtr/flash_plan.py picks it where the rows alone fill the GPU (compute shapes), where kdtr_flash_combine's
+// one row per CTA waited on three dependent round trips per row (docs/PERF.md, session 6: 0.75 TB/s); halves
+// where the splits pass COMBINE_ROWS_BATCH, so that they take half the round trips with twice the warps.
+template <typename OutT, int PARTS>
 __global__ void __launch_bounds__(32 * COMBINE_WARPS) kdtr_flash_combine_rows(const KdtrParams p) {
   kdtr::pdl_wait();  // launched as dependent of the main kernel (kdtr/flash.py)
+  static_assert(PARTS == 1 || PARTS == 2, "whole or half rows");
   const int R = p.T * p.H, S = p.num_splits, b = blockIdx.y;
   const int row = blockIdx.x * COMBINE_WARPS + (threadIdx.x >> 5);
   if (row >= R) return;
   const float* ws_o = static_cast<const float*>(p.workspace);
-  kdtr::merge_row_warp<OutT, false>(ws_o, ws_o + (long long)p.B * S * R * KDTR_DV,
-                                    [&](int s) { return ((long long)b * S + s) * R + row; }, S,
-                                    static_cast<OutT*>(p.out) + ((long long)b * R + row) * KDTR_DV,
-                                    p.lse + (long long)b * R + row, threadIdx.x & 31);
+  kdtr::merge_row_warp<OutT, false, 4 / PARTS, COMBINE_ROWS_BATCH * PARTS>(
+      ws_o, ws_o + (long long)p.B * S * R * KDTR_DV, [&](int s) { return ((long long)b * S + s) * R + row; }, S,
+      static_cast<OutT*>(p.out) + ((long long)b * R + row) * KDTR_DV,
+      PARTS == 1 || blockIdx.z == 0 ? p.lse + (long long)b * R + row : nullptr, threadIdx.x & 31,
+      PARTS == 1 ? 0 : blockIdx.z * (KDTR_DV / PARTS));
 }
 
 // Segments: the cut jobs' merge, one warp per row, grid (ROWS / COMBINE_WARPS, cut jobs); job row
@@ -456,10 +462,10 @@ __global__ void __launch_bounds__(32 * COMBINE_WARPS) kdtr_flash_combine_jobs(co
   const int R = p.T * p.H, row = r0 + rl;
   if (rl >= ROWS || row >= R) return;
   const float* ws_o = static_cast<const float*>(p.workspace);
-  kdtr::merge_row_warp<OutT, true>(ws_o, ws_o + (long long)p.num_splits * ROWS * KDTR_DV,
-                                   [&](int s) { return (long long)(slot0 + s) * ROWS + rl; }, S,
-                                   static_cast<OutT*>(p.out) + ((long long)b * R + row) * KDTR_DV,
-                                   p.lse + (long long)b * R + row, threadIdx.x & 31);
+  kdtr::merge_row_warp<OutT, true, 4, COMBINE_ROWS_BATCH>(ws_o, ws_o + (long long)p.num_splits * ROWS * KDTR_DV,
+                                                          [&](int s) { return (long long)(slot0 + s) * ROWS + rl; }, S,
+                                                          static_cast<OutT*>(p.out) + ((long long)b * R + row) * KDTR_DV,
+                                                          p.lse + (long long)b * R + row, threadIdx.x & 31, 0);
 }
 
 // One CTA of WARPS warps per (row, request, COLS-column chunk), grid (R, B, 512 / COLS): kdtr::merge_chunk_narrow,

@@ -94,11 +94,11 @@ static_assert(Smem<1>::bytes <= 99 * 1024 && Smem<2>::bytes <= 99 * 1024 && Smem
 }  // namespace flash
 
 // Read by kdtr/flash.py (module.get_global) so the launcher never restates these numbers.
-extern "C" __constant__ int kdtr_flash_config[13] = {
+extern "C" __constant__ int kdtr_flash_config[14] = {
     flash::BN, flash::STAGES, flash::MAX_T,
     flash::Smem<1>::bytes, flash::Smem<2>::bytes, flash::Smem<4>::bytes,
     flash::Tile<1>::NTHREADS, flash::Tile<2>::NTHREADS, flash::Tile<4>::NTHREADS, 32 * COMBINE_WARPS, COMBINE_MAX_CHUNKS,
-    COMBINE_ROWS_MAX_SPLITS, NARROW_BATCH};
+    COMBINE_ROWS_MAX_SPLITS, NARROW_BATCH, COMBINE_ROWS_BATCH};
 
 // ---------------------------------------------------------------------------------------------
 // device helpers (PTX wrappers)

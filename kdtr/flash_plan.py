@@ -20,11 +20,14 @@ from kdtr.knobs import segments_knob
 from kdtr.presets import DK, DV
 
 COMBINE = "kdtr_flash_combine<{out}>"
-COMBINE_ROWS = "kdtr_flash_combine_rows<{out}>"
+COMBINE_ROWS = "kdtr_flash_combine_rows<{out}, {parts}>"
 COMBINE_JOBS = "kdtr_flash_combine_jobs<{out}, {rows}>"
 COMBINE_NARROW = "kdtr_flash_combine_narrow<{out}, {cols}, {warps}>"
-"""Name templates of the split merges (cuda/flash_split.cuh): per row and column chunk, a warp per row,
-the segments' cut jobs, per row and 32- or 64-column chunk (NARROW_COLS) with 4 or 8 warps (NARROW_WARPS)."""
+"""Name templates of the split merges (cuda/flash_split.cuh): per row and column chunk, a warp per row
+or half row (ROWS_PARTS), the segments' cut jobs, per row and 32- or 64-column chunk (NARROW_COLS) with 4 or 8 warps (NARROW_WARPS)."""
+ROWS_PARTS = (1, 2)
+"""The warp-per-row merge's parts of a row (its PARTS template argument): a warp merges a whole row, or half
+of it with twice the splits in flight (rows_parts; docs/PERF.md, session 17)."""
 NARROW_COLS = (32, 64)
 """The narrow merge's chunk widths (its COLS template argument), narrowest first. Kimi decode, H200
 (docs/PERF.md, sessions 15-16): 32 columns on one 8-row request (128 CTAs, 288 splits one L2 round trip;
@@ -174,7 +177,8 @@ def combine_launch(R: int, B: int, splits: int, sm_count: int, cfg: dict, per_sm
     fits = splits <= cfg["COMBINE_ROWS_MAX_SPLITS"]
     narrow = force.startswith("narrow")  # "narrow" (the planned width), "narrow32", "narrow64"
     if fits and (force == "rows" or (force != "split" and not narrow and chunks == 1)):
-        return COMBINE_ROWS, (-(-R // (threads // 32)), B, 1), threads
+        parts = rows_parts(splits, cfg["COMBINE_ROWS_BATCH"])
+        return COMBINE_ROWS.format(out="{out}", parts=parts), (-(-R // (threads // 32)), B, parts), threads
     if narrow or (not force and chunks > 1):  # few rows: the narrow merge where one wave of it takes them
         cols = int(force[len("narrow"):] or narrow_cols(R * B, sm_count))
         warps = narrow_warps(splits, cols, cfg["NARROW_BATCH"])
@@ -182,6 +186,12 @@ def combine_launch(R: int, B: int, splits: int, sm_count: int, cfg: dict, per_sm
         if narrow or R * B * (DV // cols) <= per_sm(name, 32 * warps) * sm_count:
             return name, grid, 32 * warps
     return COMBINE, (R, B, chunks), threads
+
+
+def rows_parts(splits: int, batch: int) -> int:
+    """The warp-per-row merge's parts of a row: whole rows while one step of ``batch`` partial rows in flight
+    takes every split, else halves (a warp then keeps 2 ``batch`` halves in flight in the same registers)."""
+    return ROWS_PARTS[0] if splits <= batch else ROWS_PARTS[-1]
 
 
 def narrow_cols(rows: int, sm_count: int) -> int:

@@ -167,7 +167,8 @@ def compile_targets(bugs=tuple(Bug)) -> list[tuple[Path, list[str], tuple[str, .
         exprs = [variant.main.format(mt=mt, out=CTYPES[o], bug=int(b), merge=m, xr=x)
                  for mt in variant.mts for o in DTYPES for b in bugs for m in merges for x in xrs
                  if not (m and x)]  # transposed rows never merge in-kernel (kdtr/flash_plan.py)
-        combine = [c.format(out=CTYPES[o]) for c in (flash_plan.COMBINE, flash_plan.COMBINE_ROWS) for o in DTYPES]
+        combine = [flash_plan.COMBINE.format(out=CTYPES[o]) for o in DTYPES]
+        combine += [flash_plan.COMBINE_ROWS.format(out=CTYPES[o], parts=n) for o in DTYPES for n in flash_plan.ROWS_PARTS]
         combine += [flash_plan.COMBINE_NARROW.format(out=CTYPES[o], cols=c, warps=w)
                     for o in DTYPES for c in flash_plan.NARROW_COLS for w in flash_plan.NARROW_WARPS]
         if variant.tile_ns:  # takes segments: their merge too

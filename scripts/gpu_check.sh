@@ -36,6 +36,7 @@
 #   narrow64: the narrow combine's 64-column chunks: ci, flash tests, sanitizers (forced too), timings of both kernels
 #   abtree2: ab_old/ against this tree twice, interleaved, both flash kernels (scripts/ab_table.py)
 #   narrowwarps: the narrow merge's 4- or 8-warp builds: ci, flash tests, sanitizer tests, interleaved A/B
+#   rowsparts: the warp-per-row merge by half rows: ci, merge tests, sanitizer tests, interleaved A/B
 #   ncuxonly: per-instruction stall samples of XR_ONLY (Kimi T1 P128k B32 planned, B1 forced) and the 64-row B1
 #   xonly : flash-sm90's XR_ONLY decode: ci, its GPU tests, timings as planned, KDTR_FLASH_XR=0 and =1
 #   seg   : flash-sm90's segments: ci (planned, then forced) + every flash test + forced-path sanitizer tests, then
@@ -447,6 +448,14 @@ for mode in "${@:-check}"; do
       ;;
     abtree2)  # ab_old/ against this tree twice, interleaved: flash-sm90 on $AB_SHAPES (default balance), flash on Kimi decode
       ab_interleaved "${AB_SHAPES:-balance}"
+      ;;
+    rowsparts)  # session 17: the warp-per-row merge by half rows past 4 splits: ci, the merge tests, the flash sanitizer
+                # tests, then ab_old/ against this tree twice, interleaved, on the DeepSeek launches whose merge it changes
+      ci_verify flash flash-sm90
+      stage pytest_merges timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_verify.py -k "combine or merges"
+      tail -n 2 "$LOGS/pytest_merges.log" >>"$SUMMARY"
+      flash_san_tests
+      ab_interleaved rowsparts
       ;;
     narrowwarps)  # session 17: the narrow merge with 4 or 8 warps, one wave: ci, flash tests, flash sanitizer tests, then
                   # ab_old/ against this tree twice, interleaved, on the decode shapes whose merge it picks

@@ -116,7 +116,9 @@ def test_combine_launch_takes_a_warp_per_row_where_rows_fill_the_gpu():
     from kdtr.flash_plan import COMBINE, COMBINE_NARROW, COMBINE_ROWS, combine_launch
 
     narrow = lambda cols, warps: COMBINE_NARROW.format(out="{out}", cols=cols, warps=warps)  # noqa: E731
-    cfg = {"COMBINE_MAX_CHUNKS": 4, "COMBINE_ROWS_MAX_SPLITS": 32, "COMBINE_THREADS": 256, "NARROW_BATCH": 9}
+    rows = lambda parts: COMBINE_ROWS.format(out="{out}", parts=parts)  # noqa: E731
+    cfg = {"COMBINE_MAX_CHUNKS": 4, "COMBINE_ROWS_MAX_SPLITS": 32, "COMBINE_THREADS": 256, "NARROW_BATCH": 9,
+           "COMBINE_ROWS_BATCH": 4}
     asked = []
 
     def per_sm(name, threads):  # 80 registers a thread: 3 CTAs of 8 warps an SM, 6 of 4 (the H200 builds)
@@ -126,8 +128,9 @@ def test_combine_launch_takes_a_warp_per_row_where_rows_fill_the_gpu():
     def launch(*args, force=""):
         return combine_launch(*args[:3], H200_SMS, cfg, per_sm, force)
 
-    assert launch(1040, 1, 7) == (COMBINE_ROWS, (130, 1, 1), 256)
-    assert launch(4112, 8, 2) == (COMBINE_ROWS, (514, 8, 1), 256)
+    assert launch(1040, 1, 7) == (rows(2), (130, 1, 2), 256)  # 7 splits: half rows, one step of 8
+    assert launch(1040, 1, 4) == (rows(1), (130, 1, 1), 256)  # 4 splits: whole rows, one step of 4
+    assert launch(4112, 8, 2) == (rows(1), (514, 8, 1), 256)
     assert launch(1040, 1, 33) == (COMBINE, (1040, 1, 1), 256)  # splits past a warp; rows fill the GPU
     assert not asked  # rows that cover the GPU twice: no narrow build is loaded to find that out
     assert launch(8, 32, 10) == (COMBINE, (8, 32, 4), 256)  # 256 rows: 2048 CTAs of 4 warps, 2.6 waves
@@ -142,9 +145,16 @@ def test_combine_launch_takes_a_warp_per_row_where_rows_fill_the_gpu():
     assert launch(72, 1, 66, force="narrow32") == (narrow(32, 4), (72, 1, 16), 128)
     assert launch(8, 1, 241, force="narrow64") == (narrow(64, 8), (8, 1, 8), 256)
     assert launch(1040, 1, 7, force="narrow") == (narrow(64, 4), (1040, 1, 8), 128)  # forced: any number of waves
-    assert launch(72, 1, 7, force="rows") == (COMBINE_ROWS, (9, 1, 1), 256)
+    assert launch(72, 1, 7, force="rows") == (rows(2), (9, 1, 2), 256)
     assert launch(1040, 1, 7, force="split") == (COMBINE, (1040, 1, 1), 256)
     assert launch(72, 1, 40, force="rows") == (COMBINE, (72, 1, 4), 256)
+
+
+def test_rows_merge_halves_a_row_where_whole_rows_take_two_steps():
+    """A warp merges a whole row while its 4 partial rows in flight take every split, else half a row with 8."""
+    from kdtr.flash_plan import rows_parts
+
+    assert [rows_parts(s, 4) for s in (1, 4, 5, 8, 32)] == [1, 1, 2, 2, 2]
 
 
 def test_narrow_warps_take_every_split_in_one_step_where_they_can():
@@ -257,7 +267,7 @@ def sm90_steps_on_a_faked_h200(monkeypatch, B: int, T: int, H: int, P: int, env:
     k = resolve_kernel("flash-sm90")
     k._config = dict(BN=32, STAGES=2, MAX_T=1280, SMEM_MT4=101280, THREADS_MT4=384, COMBINE_THREADS=256,
                      COMBINE_MAX_CHUNKS=4, TMA_BOX_COLS=64, TMA_BOX_SLABS=9, COMBINE_ROWS_MAX_SPLITS=32, WORK_INTS=6,
-                     JOB_INTS=4, NARROW_BATCH=9)
+                     JOB_INTS=4, NARROW_BATCH=9, COMBINE_ROWS_BATCH=4)
     from kdtr import tma
 
     monkeypatch.setattr(tma, "encode", lambda spec, ptr: spec)  # the driver encodes it on a GPU

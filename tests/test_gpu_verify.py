@@ -202,13 +202,13 @@ def test_flash_sm90_reads_full_prefix_tiles_through_the_tensor_map(page_size):
     assert results["shifted"].failed == (page_size == 64), results
 
 
-@pytest.mark.parametrize("combine", ["rows", "split", "narrow32", "narrow64"])
+@pytest.mark.parametrize("combine,splits", [("rows", 7), ("rows", 4), ("split", 7), ("narrow32", 7), ("narrow64", 7)])
 @pytest.mark.parametrize("name", ["flash", "flash-sm90"])
-def test_both_combine_kernels_merge_exactly_and_catch_the_merge_bug(name, combine, monkeypatch):
-    """kdtr_flash_combine_rows (a warp per row), kdtr_flash_combine (a CTA per row, column chunks) and
-    kdtr_flash_combine_narrow (a CTA per row and 32 or 64 columns, 4 warps for 7 splits) each merge 7 forced
-    splits of a 1040-row request to the reference, relaunch bit-identically, and the planted merge bug fails
-    through each."""
+def test_both_combine_kernels_merge_exactly_and_catch_the_merge_bug(name, combine, splits, monkeypatch):
+    """kdtr_flash_combine_rows (a warp per half row for 7 splits, per whole row for 4), kdtr_flash_combine (a CTA
+    per row, column chunks) and kdtr_flash_combine_narrow (a CTA per row and 32 or 64 columns, 4 warps for 7
+    splits) each merge the forced splits of a 1040-row request to the reference, relaunch bit-identically, and
+    the planted merge bug fails through each."""
     import numpy as np
 
     from kdtr.cases import CaseSpec, build_problem
@@ -218,23 +218,25 @@ def test_both_combine_kernels_merge_exactly_and_catch_the_merge_bug(name, combin
     from kdtr.reference import reference
     from kdtr.tolerances import default
 
-    monkeypatch.setenv("KDTR_FLASH_SPLITS", "7")
+    monkeypatch.setenv("KDTR_FLASH_SPLITS", str(splits))
     monkeypatch.setenv("KDTR_FLASH_MERGE", "0")
     monkeypatch.setenv("KDTR_FLASH_COMBINE", combine)
     spec = CaseSpec(model="deepseek-v3", heads=16, prefix_lens=(1500, 900), family="ddtree", budget=64, page_size=64)
     prob, _ = build_problem(spec)
-    want, tol = reference(prob)[0], default(spec.kv_dtype, spec.out_dtype, "out")
+    (want, want_lse), tol = reference(prob), default(spec.kv_dtype, spec.out_dtype, "out")
     dp = DeviceProblem(prob, spec.out_dtype)
-    steps, ws, splits = resolve_kernel(name).steps(dp)
-    expect = {"rows": COMBINE_ROWS, "split": COMBINE}.get(combine, COMBINE_NARROW.format(out="{out}", cols=combine[6:], warps=4))
-    assert splits == 7 and len(steps) == 2
+    steps, ws, planned = resolve_kernel(name).steps(dp)
+    expect = {"rows": COMBINE_ROWS.format(out="{out}", parts=2 if splits > 4 else 1), "split": COMBINE}.get(
+        combine, COMBINE_NARROW.format(out="{out}", cols=combine[6:], warps=4))
+    assert planned == splits and len(steps) == 2
     assert set(steps[1][0].compiled.lowered) == {expect.format(out=CTYPES[spec.out_dtype])}
-    go = make_launcher(dp, steps, ws, splits)
+    go = make_launcher(dp, steps, ws, planned)
     go()
-    once = dp.download()[0].copy()
+    once, lse = (a.copy() for a in dp.download())
     go()
     assert np.array_equal(once, dp.download()[0])
     assert not compare(once, want, tol).status.failed
+    assert not compare(lse, want_lse, default(spec.kv_dtype, spec.out_dtype, "lse"), "lse").status.failed  # half rows: z 0
     buggy = resolve_kernel(variant_name(name, Bug.MERGE_WRONG_MAX)).run(prob, spec.out_dtype)
     assert compare(buggy.out, want, tol).status.failed
 

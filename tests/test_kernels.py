@@ -142,8 +142,10 @@ def test_compile_targets_cover_every_variant():
     by_file = {s.name: (n, a) for s, n, a in rest}
     assert by_file["flash_verify.cu"][1] == ("sm_80", "sm_90", "sm_120") and by_file["flash_sm90.cu"][1] == ("sm_90a",)
     # bug x out dtype x (merge 0/1/2 without transposed rows, rows past 64 or all rows transposed without merge),
-    # + 2 x 7 combines (per chunk, a warp per row, narrow chunks of 32 and 64 columns x 4 and 8 warps, segments' jobs)
-    assert len(by_file["flash_sm90.cu"][0]) == 2 * 5 * len(Bug) + 14
+    # + 2 x 8 combines (per chunk, a warp per row or half row, narrow chunks of 32 and 64 columns x 4 and 8 warps,
+    # segments' jobs)
+    assert len(by_file["flash_sm90.cu"][0]) == 2 * 5 * len(Bug) + 16
+    assert "kdtr_flash_combine_rows<float, 2>" in by_file["flash_sm90.cu"][0]
     for cols in flash_plan.NARROW_COLS:
         for warps in flash_plan.NARROW_WARPS:
             assert f"kdtr_flash_combine_narrow<float, {cols}, {warps}>" in by_file["flash_sm90.cu"][0]
@@ -151,7 +153,7 @@ def test_compile_targets_cover_every_variant():
     assert f"kdtr_flash90_verify<__nv_bfloat16, 5, 0, {flash_plan.XR_ONLY}>" in by_file["flash_sm90.cu"][0]
     assert "kdtr_flash90_verify<float, 6, 2, 0>" in by_file["flash_sm90.cu"][0]  # segments
     assert "kdtr_flash_combine_jobs<__nv_bfloat16, 64>" in by_file["flash_sm90.cu"][0]
-    assert len(by_file["flash_verify.cu"][0]) == 3 * 2 * len(Bug) + 12
+    assert len(by_file["flash_verify.cu"][0]) == 3 * 2 * len(Bug) + 14
 
 
 def test_flash_sm90_skips_other_archs(monkeypatch):
