@@ -11,8 +11,8 @@
 //                                    there): all of a Kimi decode request, or the tail launch beside the
 //                                    64-row tiles' (T9 B1).
 //   kdtr_flash_combine<OutT>,        the split merges shared with flash_verify.cu (flash_split.cuh);
-//   kdtr_flash_combine_rows<OutT>,   one-wave grids merge inside the main kernel instead (MERGE = 1);
-//   kdtr_flash_combine_narrow<OutT, COLS>
+//   kdtr_flash_combine_rows<OutT, PARTS>, one-wave grids merge inside the main kernel instead (MERGE = 1);
+//   kdtr_flash_combine_narrow<OutT, COLS, WARPS>
 //   kdtr_flash_combine_jobs<OutT, 64> the merge of segments' cut jobs (below).
 //
 // Design (SPEC sections 1, 3, 5; the same operator, split plan and workspace as flash_verify.cu)

@@ -3,9 +3,10 @@
 // What is in it
 //   kdtr_flash_verify<MT, OutT, BUG>   one CTA = one row tile (16*MT query rows of one request,
 //                                      rows r = node*H + head) x one KV split of that request.
-//   kdtr_flash_combine<OutT>           merges the splits' partial (out, lse) by their LSE; _rows<OutT>
-//                                      does it a warp per row where rows are many, _narrow<OutT, COLS>
-//                                      in 32- or 64-column chunks where they are few (flash_split.cuh).
+//   kdtr_flash_combine<OutT>           merges the splits' partial (out, lse) by their LSE; _rows<OutT, PARTS>
+//                                      does it a warp per row (or half row) where rows are many,
+//                                      _narrow<OutT, COLS, WARPS> in 32- or 64-column chunks where they are
+//                                      few (flash_split.cuh).
 //
 // Design (numbers for the 64-row tile, MT = 4: 8 warps, 256 threads)
 //   * One latent KV stream per request (MQA): every row of the tile reads the same KV tile from
