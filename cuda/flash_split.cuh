@@ -14,8 +14,8 @@
 // splits <= COMBINE_ROWS_MAX_SPLITS), as kdtr_flash_combine<OutT>, launched with grid (R, B, chunks <=
 // COMBINE_MAX_CHUNKS) and block 32 * COMBINE_WARPS (decode batches: up to hundreds of splits), as
 // kdtr_flash_combine_narrow<OutT, COLS, WARPS> (32- or 64-column chunks: rows too few for 128-column chunks
-// to fill the GPU; 4 or 8 warps a CTA), or inside a main kernel that calls kdtr::merge_in_kernel (flash-sm90 on one-wave grids);
-// kdtr/flash_plan.py decides. The merge kernels open with kdtr::pdl_wait(): on sm_90+ they are launched dependent
+// to fill the GPU; 4 or 8 warps a CTA), or inside a main kernel that calls kdtr::merge_in_kernel (flash-sm90
+// on one-wave grids); kdtr/flash_plan.py decides. The merge kernels open with kdtr::pdl_wait(): on sm_90+ they are launched dependent
 // on the main kernel (kdtr/pdl.py), which releases them at entry, so their launch overlaps its tail.
 
 #pragma once
