@@ -15,8 +15,9 @@
 // COMBINE_MAX_CHUNKS) and block 32 * COMBINE_WARPS (decode batches: up to hundreds of splits), as
 // kdtr_flash_combine_narrow<OutT, COLS, WARPS> (32- or 64-column chunks: rows too few for 128-column chunks
 // to fill the GPU; 4 or 8 warps a CTA), or inside a main kernel that calls kdtr::merge_in_kernel (flash-sm90
-// on one-wave grids); kdtr/flash_plan.py decides. The merge kernels open with kdtr::pdl_wait(): on sm_90+ they are launched dependent
-// on the main kernel (kdtr/pdl.py), which releases them at entry, so their launch overlaps its tail.
+// on one-wave grids); kdtr/flash_plan.py decides. The merge kernels open with kdtr::pdl_wait(): on sm_90+
+// they are launched dependent on the main kernel (kdtr/pdl.py), which releases them at entry, so their
+// launch overlaps its tail.
 
 #pragma once
 
@@ -116,6 +117,7 @@ constexpr int COMBINE_WARPS = 8;        // warps of the combine kernel (and of f
 constexpr int COMBINE_MAX_CHUNKS = 4;   // CTAs per row at most: column chunks (grid.z = 1, 2 or 4; kdtr/flash_plan.py picks)
 constexpr int COMBINE_ROWS_MAX_SPLITS = 32;  // kdtr_flash_combine_rows: lane s holds split s's lse
 constexpr int COMBINE_ROWS_BATCH = 4;   // kdtr::merge_row_warp: partial rows in flight a warp over all 512 columns
+constexpr int ROW_F4_PER_LANE = KDTR_DV / 4 / 32;  // kdtr::merge_row_warp: float4 of a whole row per lane (4)
 constexpr int COMBINE_RED_FLOATS = COMBINE_WARPS * 129 + COMBINE_WARPS;  // shared scratch of merge_row
 // kdtr::merge_chunk_narrow (kdtr_flash_combine_narrow's body): COLS columns a unit and WARPS warps a CTA
 // (template arguments that kdtr/flash_plan.py picks: 32 or 64, 4 or 8), a float4 per lane; NARROW_BATCH loads
@@ -383,7 +385,7 @@ __device__ __forceinline__ void merge_in_kernel(const KdtrParams& p, int b, int 
 template <typename OutT, bool ANY_S, int PER_LANE, int BATCH, typename Prow>
 __device__ __forceinline__ void merge_row_warp(const float* ws_o, const float* ws_lse, Prow prow, int S, OutT* out,
                                                float* lse_out, int lane, int col0) {
-  static_assert(PER_LANE * BATCH == 4 * COMBINE_ROWS_BATCH, "the loads in flight a lane: 16 float4");
+  static_assert(PER_LANE * BATCH == ROW_F4_PER_LANE * COMBINE_ROWS_BATCH, "the loads in flight a lane: 16 float4");
   const float l0 = lane < S ? ws_lse[prow(lane)] : neg_inf();
   float M = l0;
   if (ANY_S)
@@ -444,7 +446,7 @@ __global__ void __launch_bounds__(32 * COMBINE_WARPS) kdtr_flash_combine_rows(co
   const int row = blockIdx.x * COMBINE_WARPS + (threadIdx.x >> 5);
   if (row >= R) return;
   const float* ws_o = static_cast<const float*>(p.workspace);
-  kdtr::merge_row_warp<OutT, false, 4 / PARTS, COMBINE_ROWS_BATCH * PARTS>(
+  kdtr::merge_row_warp<OutT, false, ROW_F4_PER_LANE / PARTS, COMBINE_ROWS_BATCH * PARTS>(
       ws_o, ws_o + (long long)p.B * S * R * KDTR_DV, [&](int s) { return ((long long)b * S + s) * R + row; }, S,
       static_cast<OutT*>(p.out) + ((long long)b * R + row) * KDTR_DV,
       PARTS == 1 || blockIdx.z == 0 ? p.lse + (long long)b * R + row : nullptr, threadIdx.x & 31,
@@ -462,10 +464,9 @@ __global__ void __launch_bounds__(32 * COMBINE_WARPS) kdtr_flash_combine_jobs(co
   const int R = p.T * p.H, row = r0 + rl;
   if (rl >= ROWS || row >= R) return;
   const float* ws_o = static_cast<const float*>(p.workspace);
-  kdtr::merge_row_warp<OutT, true, 4, COMBINE_ROWS_BATCH>(ws_o, ws_o + (long long)p.num_splits * ROWS * KDTR_DV,
-                                                          [&](int s) { return (long long)(slot0 + s) * ROWS + rl; }, S,
-                                                          static_cast<OutT*>(p.out) + ((long long)b * R + row) * KDTR_DV,
-                                                          p.lse + (long long)b * R + row, threadIdx.x & 31, 0);
+  kdtr::merge_row_warp<OutT, true, ROW_F4_PER_LANE, COMBINE_ROWS_BATCH>(
+      ws_o, ws_o + (long long)p.num_splits * ROWS * KDTR_DV, [&](int s) { return (long long)(slot0 + s) * ROWS + rl; }, S,
+      static_cast<OutT*>(p.out) + ((long long)b * R + row) * KDTR_DV, p.lse + (long long)b * R + row, threadIdx.x & 31, 0);
 }
 
 // One CTA of WARPS warps per (row, request, COLS-column chunk), grid (R, B, 512 / COLS): kdtr::merge_chunk_narrow,

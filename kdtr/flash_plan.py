@@ -24,7 +24,8 @@ COMBINE_ROWS = "kdtr_flash_combine_rows<{out}, {parts}>"
 COMBINE_JOBS = "kdtr_flash_combine_jobs<{out}, {rows}>"
 COMBINE_NARROW = "kdtr_flash_combine_narrow<{out}, {cols}, {warps}>"
 """Name templates of the split merges (cuda/flash_split.cuh): per row and column chunk, a warp per row
-or half row (ROWS_PARTS), the segments' cut jobs, per row and 32- or 64-column chunk (NARROW_COLS) with 4 or 8 warps (NARROW_WARPS)."""
+or half row (ROWS_PARTS), the segments' cut jobs, per row and 32- or 64-column chunk (NARROW_COLS) with 4
+or 8 warps (NARROW_WARPS)."""
 ROWS_PARTS = (1, 2)
 """The warp-per-row merge's parts of a row (its PARTS template argument): a warp merges a whole row, or half
 of it with twice the splits in flight (rows_parts; docs/PERF.md, session 17)."""

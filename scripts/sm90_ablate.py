@@ -51,10 +51,10 @@ SHAPES = {
                    + bench.grid(["kimi-k2"], [8], [0], [32768, 131072], [2, 4])),
     "t15": bench.grid(["kimi-k2"], [8], [0, 4], [32768, 131072], [1]),
     "t1b8": bench.grid(["kimi-k2"], [8], [0], [32768, 131072], [8]),  # 64 rows a launch: the 64-column merge by the rule
-    # the narrow merge's warps (session 17): every Kimi decode launch of 8-80 rows, and T9 B2 (144 rows)
     # the warp-per-row merge by halves (session 17): the DeepSeek T65 launches past 4 splits, and T257 P8k B1 (2 splits)
     "rowsparts": (bench.grid(["deepseek-v3"], [8], [64], [8192, 131072], [1]) + bench.grid(["deepseek-v3"], [8], [64], [131072], [8])
                   + bench.grid(["deepseek-v3"], [8], [256], [8192], [1])),
+    # the narrow merge's warps (session 17): every Kimi decode launch of 8-80 rows, and T9 B2 (144 rows)
     "narrowwarps": (bench.grid(["kimi-k2"], [8], [0], [32768, 131072], [1, 2, 4, 8]) + bench.grid(["kimi-k2"], [8], [4], [32768, 131072], [1, 2])
                     + bench.grid(["kimi-k2"], [8], [8], [32768, 131072], [1, 2])),
     "recheck": (bench.grid(["deepseek-v3"], [8], [64], [131072], [8]) + bench.grid(["deepseek-v3"], [8], [256, 512], [32768], [8])
