@@ -11,6 +11,10 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+COMBINE_FORCES = ("", "rows", "split", "narrow", "narrow32", "narrow64")
+"""KDTR_FLASH_COMBINE's values. The narrow widths are kdtr/flash_plan.py's NARROW_COLS, which imports this
+module and so cannot be imported here: tests/test_knobs.py checks that the two lists agree."""
+
 
 def merge_knob(value: str) -> int:
     """KDTR_FLASH_MERGE: "" the default (one merge unit per merging split), 0 the combine launch, N
@@ -83,7 +87,7 @@ class FlashKnobs:
             splits=_count("KDTR_FLASH_SPLITS", get("KDTR_FLASH_SPLITS"), "N >= 1 splits (0: the plan's)"),
             merge_units=merge_knob(get("KDTR_FLASH_MERGE")),
             combine=_choice("KDTR_FLASH_COMBINE", get("KDTR_FLASH_COMBINE"),
-                            ("", "rows", "split", "narrow", "narrow32", "narrow64"),
+                            COMBINE_FORCES,
                             "rows, split, narrow (its planned width), narrow32 or narrow64"),
             xr=_choice("KDTR_FLASH_XR", get("KDTR_FLASH_XR"), ("", "0", "1"), "0 (never) or 1 (wherever they apply)"),
             tail=_choice("KDTR_FLASH_TAIL", get("KDTR_FLASH_TAIL"), ("", "0", "1"), "0 (never) or 1 (wherever it applies)"),

@@ -10,7 +10,8 @@ import pytest
 from click.testing import CliRunner
 
 from kdtr.cli import main
-from kdtr.knobs import FlashKnobs, merge_knob, pdl_knob, segments_knob
+from kdtr import flash_plan
+from kdtr.knobs import COMBINE_FORCES, FlashKnobs, merge_knob, pdl_knob, segments_knob
 
 
 def test_defaults_are_the_plans_own():
@@ -25,6 +26,16 @@ def test_every_documented_value_parses():
     assert [merge_knob(v) for v in ("", "0", "1", "4")] == [1, 0, 1, 4]
     assert [segments_knob(v) for v in ("", "0", "1", "2", "16")] == ["", "0", "1", "2", "16"]
     assert [pdl_knob(v) for v in ("", "1", "0")] == [True, True, False]
+
+
+def test_the_combine_widths_are_the_plans():
+    """knobs.py cannot import flash_plan (which imports it), so it lists the narrow widths by hand."""
+    assert {f for f in COMBINE_FORCES if f.startswith("narrow") and f != "narrow"} == {
+        f"narrow{c}" for c in flash_plan.NARROW_COLS}
+    for force in COMBINE_FORCES:
+        assert FlashKnobs.from_env({"KDTR_FLASH_COMBINE": force}).combine == force
+    with pytest.raises(ValueError, match="^KDTR_FLASH_COMBINE='narrow128'"):
+        FlashKnobs.from_env({"KDTR_FLASH_COMBINE": "narrow128"})
 
 
 @pytest.mark.parametrize("bad", ["x", "-1", "1.5"])
