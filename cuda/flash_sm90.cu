@@ -209,6 +209,12 @@ struct __align__(64) KvTensorMap {
 extern "C" __device__ unsigned long long kdtr_f90_prof[32] = {};
 extern "C" __device__ unsigned long long kdtr_f90_ends[4096] = {};  // CTA x: its consumers' loop end (globaltimer ns)
 extern "C" __device__ unsigned long long kdtr_f90_smid[4096] = {};  // CTA x: 1 + the SM it ran on (0: not run)
+// CTA x, globaltimer ns (scripts/sm_speed.py): its entry; its first tile landed (the producer, past its wait); its
+// first TMA boxes issued; the TMA issuer's steps: [3x] mbarriers ready, [3x + 1] box 0 issued, [3x + 2] prefix length known
+extern "C" __device__ unsigned long long kdtr_f90_entry[4096] = {};
+extern "C" __device__ unsigned long long kdtr_f90_first[4096] = {};
+extern "C" __device__ unsigned long long kdtr_f90_issue[4096] = {};
+extern "C" __device__ unsigned long long kdtr_f90_steps[3 * 4096] = {};
 #endif
 namespace f90 {
 constexpr int PROF_PRODUCER = 0, PROF_CONSUMER = 5;
@@ -254,12 +260,23 @@ struct CtaPhases {
     asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(n));
     return n;
   }
+  __device__ __forceinline__ static unsigned cta() { return blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z); }
   __device__ __forceinline__ void start() {
     c0 = clock64(), n0 = ns();
     if (threadIdx.x == 0) {
       atomicMin(&kdtr_f90_prof[ENTRY_MIN], (unsigned long long)n0);
       atomicMax(&kdtr_f90_prof[ENTRY_MAX], (unsigned long long)n0);
+      if (cta() < 4096) kdtr_f90_entry[cta()] = n0;
     }
+  }
+  __device__ __forceinline__ static void first_tile(int i) {  // the producer, past tile i's wait
+    if (i == 0 && threadIdx.x == 0 && cta() < 4096) kdtr_f90_first[cta()] = ns();
+  }
+  __device__ __forceinline__ static void tma_issued() {  // the TMA issuer, past its first boxes
+    if (cta() < 4096) kdtr_f90_issue[cta()] = ns();
+  }
+  __device__ __forceinline__ static void step(int k) {  // the TMA issuer's prologue steps
+    if (cta() < 4096) kdtr_f90_steps[3 * cta() + k] = ns();
   }
   __device__ __forceinline__ void begin() {
     mark = clock64();
@@ -267,7 +284,7 @@ struct CtaPhases {
       const unsigned long long n = ns();
       atomicMin(&kdtr_f90_prof[LOOP_MIN], n);
       atomicMax(&kdtr_f90_prof[LOOP_MAX], n);
-      const unsigned cta = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+      const unsigned cta = CtaPhases::cta();
       unsigned sm;
       asm volatile("mov.u32 %0, %%smid;\n" : "=r"(sm));
       if (cta < 4096) {
@@ -301,6 +318,9 @@ struct CtaPhases {
   }
 #else
   __device__ __forceinline__ void start() {}
+  __device__ __forceinline__ static void first_tile(int) {}
+  __device__ __forceinline__ static void tma_issued() {}
+  __device__ __forceinline__ static void step(int) {}
   __device__ __forceinline__ void begin() {}
   __device__ __forceinline__ void prologue_done() const {}
   template <typename... V>
@@ -616,6 +636,7 @@ __global__ void __launch_bounds__(f90::NTHREADS, XR == f90::XR_ONLY ? 2 : 1) kdt
   // ---- this CTA's keys: prefix range [kp_lo, kp_hi) of its split or piece, plus the tail if last ----
   const kdtr::SplitKeys keys = SEGMENTS ? cw.keys : kdtr::split_keys<BN, BUG>(P, T, split, nsplit);
   phases.reached(CtaPhases::SPLIT, keys.lo);
+  if (tid == 128) CtaPhases::step(2 + 0 * keys.lo);  // the prefix length known (keys.lo waits for it)
   const int kp_lo = keys.lo, kp_hi = keys.hi, n_pre = keys.n_pre;
   const bool has_tail = keys.has_tail;
 
@@ -712,6 +733,7 @@ __global__ void __launch_bounds__(f90::NTHREADS, XR == f90::XR_ONLY ? 2 : 1) kdt
       } else {
         bar_sync(BAR_TILE + stage, NTHREADS);
       }
+      CtaPhases::first_tile(i);
       laps.lap(0);
 
       // S(i) = Q K^T on the tensor cores; K-major B: k-step ks at slab ks/4, 32 bytes per step
@@ -938,10 +960,13 @@ __global__ void __launch_bounds__(f90::NTHREADS, XR == f90::XR_ONLY ? 2 : 1) kdt
     if (CONSUMER_SCAN && tid == 128) {
       for (int st = 0; st < STAGES; ++st) mbar_init(bars + st * 8, 1);
       mbar_init_fence();
+      CtaPhases::step(0);
       for (int t = 0; t < n_early; ++t) {  // tile t's keys kp_lo + 32 t ..: one page (TMA tiles)
         const int j = kp_lo + t * BN;
         tma_box(t, p.block_table[b * p.max_pages + min(j / p.page_size, p.max_pages - 1)], j % p.page_size);
+        if (t == 0) CtaPhases::step(1);
       }
+      CtaPhases::tma_issued();
     }
     const int n_tiles = CONSUMER_SCAN ? find_tail_tiles<256, BUG>(mask_b, r0, r_end, H, W, has_tail, n_pre, tid - 128, tid == 128,
                                                                  live, tail_tiles, n_tail_s, [] { f90::bar_sync(f90::BAR_CONS, 256); })

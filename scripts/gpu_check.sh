@@ -37,6 +37,7 @@
 #   abtree2: ab_old/ against this tree twice, interleaved, both flash kernels (scripts/ab_table.py)
 #   narrowwarps: the narrow merge's 4- or 8-warp builds: ci, flash tests, sanitizer tests, interleaved A/B
 #   rowsparts: the warp-per-row merge by half rows: ci, merge tests, sanitizer tests, interleaved A/B
+#   speed : is an SM's streaming rate its own, and when do XR_ONLY's first tiles land (scripts/sm_speed.py)
 #   ncuxonly: per-instruction stall samples of XR_ONLY (Kimi T1 P128k B32 planned, B1 forced) and the 64-row B1
 #   xonly : flash-sm90's XR_ONLY decode: ci, its GPU tests, timings as planned, KDTR_FLASH_XR=0 and =1
 #   seg   : flash-sm90's segments: ci (planned, then forced) + every flash test + forced-path sanitizer tests, then
@@ -456,6 +457,11 @@ for mode in "${@:-check}"; do
       tail -n 2 "$LOGS/pytest_merges.log" >>"$SUMMARY"
       flash_san_tests
       ab_interleaved rowsparts
+      ;;
+    speed)  # session 18: a bulk-copy probe's per-SM rates against XR_ONLY's Kimi T1 P128k B1 per-SM loop ends, and the
+            # issuer's prologue steps (profile build)
+      stage sm_speed timeout 400 python3 scripts/sm_speed.py
+      grep -vE "^ +[0-9]+:" "$LOGS/sm_speed.log" | cut -c1-300 >>"$SUMMARY"
       ;;
     narrowwarps)  # session 17: the narrow merge with 4 or 8 warps, one wave: ci, flash tests, flash sanitizer tests, then
                   # ab_old/ against this tree twice, interleaved, on the decode shapes whose merge it picks

@@ -57,6 +57,10 @@ SHAPES = {
     # the narrow merge's warps (session 17): every Kimi decode launch of 8-80 rows, and T9 B2 (144 rows)
     "narrowwarps": (bench.grid(["kimi-k2"], [8], [0], [32768, 131072], [1, 2, 4, 8]) + bench.grid(["kimi-k2"], [8], [4], [32768, 131072], [1, 2])
                     + bench.grid(["kimi-k2"], [8], [8], [32768, 131072], [1, 2])),
+    # one-wave launches whose prologue session 18 changed (branch wip/bt-hint, not kept): XR_ONLY's Kimi T1 launches,
+    # the 64-row decode and DeepSeek T65 P8k B1
+    "hint": (bench.grid(["kimi-k2"], [8], [0], [32768, 131072], [1, 2, 4]) + bench.grid(["kimi-k2"], [8], [4, 8], [32768, 131072], [1])
+             + bench.grid(["deepseek-v3"], [8], [64], [8192], [1])),
     "recheck": (bench.grid(["deepseek-v3"], [8], [64], [131072], [8]) + bench.grid(["deepseek-v3"], [8], [256, 512], [32768], [8])
                 + bench.grid(["deepseek-v3"], [8], [64], [32768], [1])
                 + bench.grid(["kimi-k2"], [8], [0, 4], [32768], [1])),
