@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+TMA_PROMOTIONS = ("", "none", "64", "128", "256")
+"""KDTR_TMA_PROMOTION's values: kdtr/tma.py's L2_PROMOTIONS keys (tests/test_knobs.py checks that they agree)."""
 COMBINE_FORCES = ("", "rows", "split", "narrow", "narrow32", "narrow64")
 """KDTR_FLASH_COMBINE's values. The narrow widths are kdtr/flash_plan.py's NARROW_COLS, which imports this
 module and so cannot be imported here: tests/test_knobs.py checks that the two lists agree."""
@@ -76,6 +78,9 @@ class FlashKnobs:
     """KDTR_FLASH_SEGMENTS: see segments_knob."""
     pdl: bool = True
     """KDTR_PDL: the split merge launched dependent on the main kernel (sm_90+)."""
+    tma_promotion: str = ""
+    """KDTR_TMA_PROMOTION: "none", "64", "128" or "256", the L2 promotion of flash-sm90's cache tensor map; "" the
+    default (kdtr/tma.py)."""
 
     @classmethod
     def from_env(cls, env=None) -> FlashKnobs:
@@ -93,4 +98,6 @@ class FlashKnobs:
             tail=_choice("KDTR_FLASH_TAIL", get("KDTR_FLASH_TAIL"), ("", "0", "1"), "0 (never) or 1 (wherever it applies)"),
             segments=segments_knob(get("KDTR_FLASH_SEGMENTS")),
             pdl=pdl_knob(get("KDTR_PDL")),
+            tma_promotion=_choice("KDTR_TMA_PROMOTION", get("KDTR_TMA_PROMOTION"), TMA_PROMOTIONS,
+                                  "none, 64, 128 or 256 (bytes an L2 miss of a TMA box fetches)"),
         )

@@ -38,6 +38,7 @@
 #   narrowwarps: the narrow merge's 4- or 8-warp builds: ci, flash tests, sanitizer tests, interleaved A/B
 #   rowsparts: the warp-per-row merge by half rows: ci, merge tests, sanitizer tests, interleaved A/B
 #   speed : is an SM's streaming rate its own, and when do XR_ONLY's first tiles land (scripts/sm_speed.py)
+#   promotion: the cache map's L2 promotion: ci, flash-sm90's GPU tests, the compute and memory sets
 #   ncuxonly: per-instruction stall samples of XR_ONLY (Kimi T1 P128k B32 planned, B1 forced) and the 64-row B1
 #   xonly : flash-sm90's XR_ONLY decode: ci, its GPU tests, timings as planned, KDTR_FLASH_XR=0 and =1
 #   seg   : flash-sm90's segments: ci (planned, then forced) + every flash test + forced-path sanitizer tests, then
@@ -457,6 +458,12 @@ for mode in "${@:-check}"; do
       tail -n 2 "$LOGS/pytest_merges.log" >>"$SUMMARY"
       flash_san_tests
       ab_interleaved rowsparts
+      ;;
+    promotion)  # session 18: the cache map's 128-byte L2 promotion: ci, flash-sm90's GPU tests (not the long suite), the sweep
+      ci_verify flash-sm90
+      stage pytest_sm90 timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_verify.py -k "sm90 and not long and (tensor_map or transposed or narrow)"
+      tail -n 2 "$LOGS/pytest_sm90.log" >>"$SUMMARY"
+      bench_sets
       ;;
     speed)  # session 18: a bulk-copy probe's per-SM rates against XR_ONLY's Kimi T1 P128k B1 per-SM loop ends, and the
             # issuer's prologue steps (profile build)

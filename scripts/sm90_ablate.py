@@ -61,6 +61,9 @@ SHAPES = {
     # the 64-row decode and DeepSeek T65 P8k B1
     "hint": (bench.grid(["kimi-k2"], [8], [0], [32768, 131072], [1, 2, 4]) + bench.grid(["kimi-k2"], [8], [4, 8], [32768, 131072], [1])
              + bench.grid(["deepseek-v3"], [8], [64], [8192], [1])),
+    # the cache map's L2 promotion (session 18): every memory-bound shape, and compute-bound ones of each size
+    "promotion": (bench.grid(["kimi-k2"], [8], [0, 4, 8], [32768, 131072], [1, 32])
+                  + bench.grid(["deepseek-v3"], [8], [64], [8192, 131072], [1, 8]) + bench.grid(["deepseek-v3"], [8], [256], [32768], [1])),
     "recheck": (bench.grid(["deepseek-v3"], [8], [64], [131072], [8]) + bench.grid(["deepseek-v3"], [8], [256, 512], [32768], [8])
                 + bench.grid(["deepseek-v3"], [8], [64], [32768], [1])
                 + bench.grid(["kimi-k2"], [8], [0, 4], [32768], [1])),

@@ -78,6 +78,76 @@ extern "C" __global__ void __launch_bounds__(128, 2) kdtr_sm_probe(const char* s
 """.replace("CHUNK", str(CHUNK))
 
 
+PROBE3D = r"""
+struct __align__(64) Map { unsigned long long opaque[16]; };
+extern "C" __global__ void __launch_bounds__(128, 2) kdtr_sm_probe3d(const __grid_constant__ Map map, const int* slots,
+                                                                    int chunks, unsigned long long* out) {
+  extern __shared__ __align__(1024) unsigned char smem[];
+  const unsigned s0 = (unsigned)__cvta_generic_to_shared(smem), b0 = s0 + 2 * CHUNK;  // mbarriers after the stages
+  if (s0 & 1023u) __trap();
+  const int* mine = slots + (long long)blockIdx.x * chunks;  // cache slot (key row) of each chunk's first key
+  const unsigned long long mp = reinterpret_cast<unsigned long long>(&map);
+  unsigned long long t0 = 0, t1, tf = 0;
+  if (threadIdx.x == 0) {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    for (int s = 0; s < 2; ++s) asm volatile("mbarrier.init.shared.b64 [%0], 1;" ::"r"(b0 + 8 * s));
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    for (int c = 0; c < 2 && c < chunks; ++c) {
+      asm volatile("mbarrier.arrive.expect_tx.shared.b64 _, [%0], %1;" ::"r"(b0 + 8 * c), "r"(CHUNK) : "memory");
+      asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];"
+                   ::"r"(s0 + c * CHUNK), "l"(mp), "r"(0), "r"(mine[c]), "r"(0), "r"(b0 + 8 * c) : "memory");
+    }
+    for (int c = 0; c < chunks; ++c) {
+      const int s = c & 1;
+      const unsigned parity = (c >> 1) & 1;
+      asm volatile("{\n.reg .pred p;\nW:\nmbarrier.try_wait.parity.shared.b64 p, [%0], %1;\n@!p bra W;\n}\n"
+                   ::"r"(b0 + 8 * s), "r"(parity) : "memory");
+      if (c == 0) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(tf));
+      if (c + 2 < chunks) {
+        asm volatile("mbarrier.arrive.expect_tx.shared.b64 _, [%0], %1;" ::"r"(b0 + 8 * s), "r"(CHUNK) : "memory");
+        asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];"
+                     ::"r"(s0 + s * CHUNK), "l"(mp), "r"(0), "r"(mine[c + 2]), "r"(0), "r"(b0 + 8 * s) : "memory");
+      }
+    }
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t1));
+    unsigned sm;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+    out[4 * blockIdx.x] = sm;
+    out[4 * blockIdx.x + 1] = t0;
+    out[4 * blockIdx.x + 2] = t1;
+    out[4 * blockIdx.x + 3] = tf;
+  }
+}
+""".replace("CHUNK", str(CHUNK))
+
+
+def probe3d(promotion: int):
+    """probe(pages=True) through the kernel's own tensor map and box (64 columns x 32 keys x 9 slabs, 128-byte
+    swizzle) over a 64-token page cache, with L2 promotion ``promotion``: (smid, start, end, first chunk) per CTA."""
+    from kdtr import tma
+
+    k = cp.RawKernel(PROBE3D, "kdtr_sm_probe3d")
+    k.max_dynamic_shared_size_bytes = 2 * CHUNK + 16
+    ctas = 2 * SMS
+    pages = (ctas * CHUNKS + 1) // 2
+    cache = cp.random.randint(0, 255, pages * 2 * CHUNK, dtype=cp.uint8)
+    t = np.arange(ctas * CHUNKS)
+    perm = np.random.default_rng(0).permutation(pages)
+    slots = cp.asarray((perm[t // 2] * 64 + (t % 2) * 32).astype(np.int32))
+    spec = tma.kv_map_spec(pages, 64, 576, 64, 32, 9)
+    tmap = tma.encode(spec, cache.data.ptr, promotion)
+    out = cp.zeros(4 * ctas, cp.uint64)
+    runs = []
+    for rep in range(REPEAT + 1):
+        flush.sum()
+        hold((1,), (1,), (np.uint64(200_000),))
+        k((ctas,), (128,), (tmap, slots, np.int32(CHUNKS), out), shared_mem=2 * CHUNK + 16)
+        cp.cuda.runtime.deviceSynchronize()
+        if rep:
+            runs.append(out.get().reshape(ctas, 4).astype(np.int64))
+    return runs
+
+
 def probe(pages: bool, links: int = 0):
     """Per launch: (smid, start ns, end ns) of each of the 2 x SMs CTAs. ``pages``: chunk c of CTA i is
     half of a 72 KB page placed at random (as a shuffled 64-token page cache), else the CTAs' regions are
@@ -129,6 +199,14 @@ for label, pages in () if KERNEL_ONLY else (("random pages", True), ("contiguous
         e = (r[:, 2] - r[:, 1].min()) / 1e3
         tails.append(f"{np.median(e):.1f}/{e.max():.1f}")
     print(f"probe, {label}: CTA end median/max per launch (us): " + ", ".join(tails))
+for promotion in (3, 0, 2):  # the kernel's 256-byte L2 promotion, none, 128 bytes
+    firsts = []
+    for r in probe3d(promotion):
+        t0 = r[:, 1].min()
+        e = (r[:, 2] - t0) / 1e3
+        firsts.append(f"{np.median((r[:, 3] - t0) / 1e3):.2f}/{np.median(e):.1f}/{e.max():.1f}")
+    print(f"probe through the kernel's tensor map, L2 promotion {promotion}: first chunk landed / CTA end median / max, "
+          f"per launch (us): " + ", ".join(firsts))
 for links in (0, 1, 2):  # the first chunk's landing after 0-2 dependent cold loads (the kernel: prefix length, block table)
     firsts = []
     for r in probe(True, links):

@@ -251,7 +251,8 @@ def sm90_steps_on_a_faked_h200(monkeypatch, B: int, T: int, H: int, P: int, env:
     from kdtr import launch
     from kdtr.kernels import resolve_kernel
 
-    for key in ("KDTR_FLASH_XR", "KDTR_FLASH_TAIL", "KDTR_FLASH_SPLITS", "KDTR_FLASH_MERGE", "KDTR_FLASH_SEGMENTS"):
+    for key in ("KDTR_FLASH_XR", "KDTR_FLASH_TAIL", "KDTR_FLASH_SPLITS", "KDTR_FLASH_MERGE", "KDTR_FLASH_SEGMENTS",
+                "KDTR_TMA_PROMOTION"):
         monkeypatch.setenv(key, env.get(key, ""))
     monkeypatch.setattr(launch, "device_info", lambda: {"sm_count": H200_SMS, "regs_per_sm": 65536, "cc": "sm_90",
                                                         "smem_per_sm": 233472, "l2_bytes": 60 << 20})
@@ -270,14 +271,17 @@ def sm90_steps_on_a_faked_h200(monkeypatch, B: int, T: int, H: int, P: int, env:
                      JOB_INTS=4, NARROW_BATCH=9, COMBINE_ROWS_BATCH=4)
     from kdtr import tma
 
-    monkeypatch.setattr(tma, "encode", lambda spec, ptr: spec)  # the driver encodes it on a GPU
+    # the driver encodes it on a GPU: the fake returns what it was asked for
+    monkeypatch.setattr(tma, "encode", lambda spec, ptr, promotion=tma.L2_PROMOTION: (spec, promotion))
     pages = B * -(-P // 64)
     prob = types.SimpleNamespace(B=B, T=T, H=H, prefix_lens=np.full(B, P, np.int64), page_size=64,
                                  kv_cache=np.empty((pages, 64, 1), np.uint8))  # [pages, page_size, ...]: shape only
     kv = types.SimpleNamespace(data=types.SimpleNamespace(ptr=0))
     steps, _, _ = k.steps(types.SimpleNamespace(problem=prob, out_dtype="bf16", kv_cache=kv))
     for s in steps[:1]:  # the main kernel takes the cache's tensor map: one box is one 32-key tile
-        assert s[4][0] == tma.kv_map_spec(pages, 64, 576, 64, 32, 9)
+        forced = env.get("KDTR_TMA_PROMOTION")
+        assert s[4][0] == (tma.kv_map_spec(pages, 64, 576, 64, 32, 9),
+                           tma.L2_PROMOTIONS[forced] if forced else tma.L2_PROMOTION_128B)
     return [(*s[0].compiled.lowered, tuple(s[1]), s[0].dependent) for s in steps]
 
 
@@ -290,6 +294,7 @@ def test_the_planned_launches_take_each_build_where_the_plan_says(monkeypatch):
     run = lambda *a, **env: sm90_steps_on_a_faked_h200(monkeypatch, *a, env)  # noqa: E731
     main, combine = run(1, 1, 8, 131072)
     assert main[:2] == ("kdtr_flash90_verify<__nv_bfloat16, 0, 0, 1>", (1, 241, 1))
+    assert run(1, 1, 8, 131072, KDTR_TMA_PROMOTION="256")[0] == main  # the map's promotion checked inside
     assert combine[:2] == ("kdtr_flash_combine_narrow<__nv_bfloat16, 32, 8>", (8, 1, 16)) and combine[2]
     (one,) = run(1, 1, 8, 131072, KDTR_FLASH_XR="0")
     assert one[0] == "kdtr_flash90_verify<__nv_bfloat16, 0, 1, 0>" and one[1][0] == 1

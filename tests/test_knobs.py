@@ -11,12 +11,14 @@ from click.testing import CliRunner
 
 from kdtr.cli import main
 from kdtr import flash_plan
-from kdtr.knobs import COMBINE_FORCES, FlashKnobs, merge_knob, pdl_knob, segments_knob
+from kdtr import tma
+from kdtr.knobs import COMBINE_FORCES, TMA_PROMOTIONS, FlashKnobs, merge_knob, pdl_knob, segments_knob
 
 
 def test_defaults_are_the_plans_own():
     assert FlashKnobs.from_env({}) == FlashKnobs()
-    assert FlashKnobs() == FlashKnobs(mt=0, splits=0, merge_units=1, combine="", xr="", tail="", segments="", pdl=True)
+    assert FlashKnobs() == FlashKnobs(mt=0, splits=0, merge_units=1, combine="", xr="", tail="", segments="", pdl=True,
+                                      tma_promotion="")
 
 
 def test_every_documented_value_parses():
@@ -36,6 +38,13 @@ def test_the_combine_widths_are_the_plans():
         assert FlashKnobs.from_env({"KDTR_FLASH_COMBINE": force}).combine == force
     with pytest.raises(ValueError, match="^KDTR_FLASH_COMBINE='narrow128'"):
         FlashKnobs.from_env({"KDTR_FLASH_COMBINE": "narrow128"})
+
+
+def test_the_promotions_are_the_tensor_maps():
+    assert set(TMA_PROMOTIONS) - {""} == set(tma.L2_PROMOTIONS)
+    assert FlashKnobs.from_env({"KDTR_TMA_PROMOTION": "128"}).tma_promotion == "128"
+    with pytest.raises(ValueError, match="^KDTR_TMA_PROMOTION='512'"):
+        FlashKnobs.from_env({"KDTR_TMA_PROMOTION": "512"})
 
 
 @pytest.mark.parametrize("bad", ["x", "-1", "1.5"])
