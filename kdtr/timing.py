@@ -39,6 +39,25 @@ def hold_ns(enqueue_s: float) -> int:
     return int(min(50e-3, 1.5 * max(enqueue_s, 0.0) + 20e-6) * 1e9)
 
 
+def cold_run(fn, flush, hold, wait_ns: int, flush_mode: str = FLUSH_MODE, tag: int = 0) -> float:
+    """One repetition as time_launcher times it, fn's device time in ms: the ``flush`` buffer read (or, "write",
+    filled with ``tag``), the GPU held ``wait_ns`` by ``hold`` (kdtr_hold) while the host enqueues, then fn between
+    two events. The profiling scripts time single launches with it too."""
+    cp = _cupy()
+    if flush is not None:
+        if flush_mode == "read":
+            flush.sum()  # a reduction: every byte read, one number written
+        else:
+            flush.fill(tag)
+    hold((1,), (1,), (np.uint64(wait_ns),))  # the GPU idles while the host enqueues what the events time
+    start, stop = cp.cuda.Event(), cp.cuda.Event()
+    start.record()
+    fn()
+    stop.record()
+    stop.synchronize()
+    return float(cp.cuda.get_elapsed_time(start, stop))
+
+
 def time_launcher(fn, *, flush_bytes: int = 0, flush_mode: str = FLUSH_MODE, warmup_ms: float = 25.0,
                   budget_ms: float = 1500.0, min_reps: int = 10, max_reps: int = 400, noise: float = 0.02) -> dict:
     """Median and IQR of fn's device time by CUDA events (do_bench style).
@@ -70,23 +89,12 @@ def time_launcher(fn, *, flush_bytes: int = 0, flush_mode: str = FLUSH_MODE, war
         n += 1
         cp.cuda.runtime.deviceSynchronize()
     est_ms = (_time.perf_counter() - t0) * 1e3 / n
-    wait = np.uint64(hold_ns(float(np.median(enqueue[1:] or enqueue))))
+    wait = hold_ns(float(np.median(enqueue[1:] or enqueue)))
     min_reps = max(3, min(min_reps, int(budget_ms / max(est_ms, 1e-3))))  # slow baselines: fewer reps
     times: list[float] = []
     t0 = _time.perf_counter()
     while len(times) < max_reps:
-        if flush is not None:
-            if flush_mode == "read":
-                flush.sum()  # a reduction: every byte read, one number written
-            else:
-                flush.fill(len(times))
-        hold((1,), (1,), (wait,))  # the GPU idles while the host enqueues what the events time
-        start, stop = cp.cuda.Event(), cp.cuda.Event()
-        start.record()
-        fn()
-        stop.record()
-        stop.synchronize()
-        times.append(float(cp.cuda.get_elapsed_time(start, stop)))
+        times.append(cold_run(fn, flush, hold, wait, flush_mode, len(times)))
         if len(times) >= min_reps:
             q1, med, q3 = np.percentile(times, [25, 50, 75])
             if (q3 - q1) <= noise * med or (_time.perf_counter() - t0) * 1e3 > budget_ms:

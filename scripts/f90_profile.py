@@ -21,7 +21,7 @@ import numpy as np
 from kdtr import bench, kernels
 from kdtr.cases import build_problem
 from kdtr.launch import DeviceProblem, _cupy, device_info, make_launcher
-from kdtr.timing import _HOLD, l2_flush_bytes
+from kdtr.timing import _HOLD, cold_run, l2_flush_bytes
 
 cp = _cupy()
 flush = cp.empty(l2_flush_bytes(device_info()["l2_bytes"]) // 4, cp.int32)
@@ -149,14 +149,7 @@ for label, opts in variants.items():
                 smid_dev[:] = 0
                 for slot in (19, 22):  # the first CTA entry and loop end are atomicMins
                     prof[slot:slot + 1] = cp.full((1,), np.iinfo(np.uint64).max, cp.uint64)
-            flush.sum()  # as kdtr bench times it: a cold L2, the GPU held while the host enqueues
-            hold((1,), (1,), (np.uint64(200_000),))
-            e0, e1 = cp.cuda.Event(), cp.cuda.Event()
-            e0.record()
-            go()
-            e1.record()
-            cp.cuda.runtime.deviceSynchronize()
-            event_us = cp.cuda.get_elapsed_time(e0, e1) * 1e3
+            event_us = cold_run(go, flush, hold, 200_000) * 1e3  # as kdtr bench times it
             raws = [[int(x) for x in prof.get()] for prof, _, _ in arrays]
             t0 = raws[0][19]
             for k, (step, raw, (_, ends_dev, smid_dev)) in enumerate(zip(grids, raws, arrays)):

@@ -22,7 +22,7 @@ import numpy as np
 from kdtr import bench, kernels
 from kdtr.cases import build_problem
 from kdtr.launch import DeviceProblem, _cupy, device_info, make_launcher
-from kdtr.timing import _HOLD, l2_flush_bytes
+from kdtr.timing import _HOLD, cold_run, l2_flush_bytes
 
 cp = _cupy()
 info = device_info()
@@ -33,92 +33,67 @@ REPEAT = 6
 CHUNK, CHUNKS = 36864, 17
 
 PROBE = r"""
-extern "C" __global__ void __launch_bounds__(128, 2) kdtr_sm_probe(const char* src, const long long* offs,
-                                                                  int chunks, unsigned long long* out, const int* chain,
-                                                                  int links) {
-  extern __shared__ __align__(128) unsigned char smem[];
-  __shared__ __align__(8) unsigned long long bar[2];
-  const unsigned s0 = (unsigned)__cvta_generic_to_shared(smem), b0 = (unsigned)__cvta_generic_to_shared(bar);
-  const long long* mine = offs + (long long)blockIdx.x * chunks;  // byte offset of each chunk
-  unsigned long long t0 = 0, t1, tf = 0;
-  if (threadIdx.x == 0) {
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-    // `links` dependent loads before the first copy (the kernel's prefix length, then block-table entry)
-    int at = blockIdx.x * 32;
-    for (int k = 0; k < links; ++k) at = chain[at] + (k + 1) * gridDim.x * 32 + blockIdx.x * 32;  // a new line each
-    if (at < 0) mine = offs;  // never: keeps the chain live
-    for (int s = 0; s < 2; ++s) asm volatile("mbarrier.init.shared.b64 [%0], 1;" ::"r"(b0 + 8 * s));
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    for (int c = 0; c < 2 && c < chunks; ++c) {
-      asm volatile("mbarrier.arrive.expect_tx.shared.b64 _, [%0], %1;" ::"r"(b0 + 8 * c), "r"(CHUNK) : "memory");
-      asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-                   ::"r"(s0 + c * CHUNK), "l"(src + mine[c]), "r"(CHUNK), "r"(b0 + 8 * c) : "memory");
-    }
-    for (int c = 0; c < chunks; ++c) {
-      const int s = c & 1;
-      const unsigned parity = (c >> 1) & 1;
-      asm volatile("{\n.reg .pred p;\nW:\nmbarrier.try_wait.parity.shared.b64 p, [%0], %1;\n@!p bra W;\n}\n"
-                   ::"r"(b0 + 8 * s), "r"(parity) : "memory");
-      if (c == 0) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(tf));
-      if (c + 2 < chunks) {
-        asm volatile("mbarrier.arrive.expect_tx.shared.b64 _, [%0], %1;" ::"r"(b0 + 8 * s), "r"(CHUNK) : "memory");
-        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-                     ::"r"(s0 + s * CHUNK), "l"(src + mine[c + 2]), "r"(CHUNK), "r"(b0 + 8 * s) : "memory");
-      }
-    }
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t1));
-    unsigned sm;
-    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
-    out[4 * blockIdx.x] = sm;
-    out[4 * blockIdx.x + 1] = t0;
-    out[4 * blockIdx.x + 2] = t1;
-    out[4 * blockIdx.x + 3] = tf;
-  }
-}
-""".replace("CHUNK", str(CHUNK))
-
-
-PROBE3D = r"""
 struct __align__(64) Map { unsigned long long opaque[16]; };
+
+// Chunk c of this CTA into stage `dst`, completing on mbarrier `bar`: a bulk copy of CHUNK bytes at src + offs[c], or
+// (TENSOR) one box of the cache's tensor map at key row slots[c].
+template <bool TENSOR>
+__device__ void copy(unsigned dst, unsigned bar, const char* src, const long long* offs, unsigned long long map,
+                     const int* slots, int c) {
+  asm volatile("mbarrier.arrive.expect_tx.shared.b64 _, [%0], %1;" ::"r"(bar), "r"(CHUNK) : "memory");
+  if (TENSOR)
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];"
+                 ::"r"(dst), "l"(map), "r"(0), "r"(slots[c]), "r"(0), "r"(bar) : "memory");
+  else
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                 ::"r"(dst), "l"(src + offs[c]), "r"(CHUNK), "r"(bar) : "memory");
+}
+
+// Thread 0 streams the CTA's `chunks` chunks through two stages and writes (SM, start, end, first chunk landed).
+// `links` dependent loads of `chain` come first (the kernel's prefix length, then its block-table entry).
+template <bool TENSOR>
+__device__ void stream(const char* src, const long long* offs, unsigned long long map, const int* slots, int chunks,
+                       unsigned long long* out, const int* chain, int links) {
+  extern __shared__ __align__(1024) unsigned char smem[];  // two stages, then the two mbarriers; no static smem
+  const unsigned s0 = (unsigned)__cvta_generic_to_shared(smem), b0 = s0 + 2 * CHUNK;
+  if (s0 & 1023u) __trap();  // the 128-byte swizzle of a box needs 1 KB alignment
+  offs += (long long)blockIdx.x * chunks;
+  slots += (long long)blockIdx.x * chunks;
+  unsigned long long t0, t1, tf = 0;
+  if (threadIdx.x != 0) return;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  int at = blockIdx.x * 32;
+  for (int k = 0; k < links; ++k) at = chain[at] + (k + 1) * gridDim.x * 32 + blockIdx.x * 32;  // a new line each
+  if (at < 0) offs = nullptr;  // never: keeps the chain live
+  for (int s = 0; s < 2; ++s) asm volatile("mbarrier.init.shared.b64 [%0], 1;" ::"r"(b0 + 8 * s));
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  for (int c = 0; c < 2 && c < chunks; ++c) copy<TENSOR>(s0 + c * CHUNK, b0 + 8 * c, src, offs, map, slots, c);
+  for (int c = 0; c < chunks; ++c) {
+    const int s = c & 1;
+    asm volatile("{\n.reg .pred p;\nW:\nmbarrier.try_wait.parity.shared.b64 p, [%0], %1;\n@!p bra W;\n}\n"
+                 ::"r"(b0 + 8 * s), "r"((c >> 1) & 1) : "memory");
+    if (c == 0) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(tf));
+    if (c + 2 < chunks) copy<TENSOR>(s0 + s * CHUNK, b0 + 8 * s, src, offs, map, slots, c + 2);
+  }
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t1));
+  unsigned sm;
+  asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+  out[4 * blockIdx.x] = sm;
+  out[4 * blockIdx.x + 1] = t0;
+  out[4 * blockIdx.x + 2] = t1;
+  out[4 * blockIdx.x + 3] = tf;
+}
+
+extern "C" __global__ void __launch_bounds__(128, 2) kdtr_sm_probe(const char* src, const long long* offs, int chunks,
+                                                                  unsigned long long* out, const int* chain, int links) {
+  stream<false>(src, offs, 0, nullptr, chunks, out, chain, links);
+}
 extern "C" __global__ void __launch_bounds__(128, 2) kdtr_sm_probe3d(const __grid_constant__ Map map, const int* slots,
                                                                     int chunks, unsigned long long* out) {
-  extern __shared__ __align__(1024) unsigned char smem[];
-  const unsigned s0 = (unsigned)__cvta_generic_to_shared(smem), b0 = s0 + 2 * CHUNK;  // mbarriers after the stages
-  if (s0 & 1023u) __trap();
-  const int* mine = slots + (long long)blockIdx.x * chunks;  // cache slot (key row) of each chunk's first key
-  const unsigned long long mp = reinterpret_cast<unsigned long long>(&map);
-  unsigned long long t0 = 0, t1, tf = 0;
-  if (threadIdx.x == 0) {
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-    for (int s = 0; s < 2; ++s) asm volatile("mbarrier.init.shared.b64 [%0], 1;" ::"r"(b0 + 8 * s));
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    for (int c = 0; c < 2 && c < chunks; ++c) {
-      asm volatile("mbarrier.arrive.expect_tx.shared.b64 _, [%0], %1;" ::"r"(b0 + 8 * c), "r"(CHUNK) : "memory");
-      asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];"
-                   ::"r"(s0 + c * CHUNK), "l"(mp), "r"(0), "r"(mine[c]), "r"(0), "r"(b0 + 8 * c) : "memory");
-    }
-    for (int c = 0; c < chunks; ++c) {
-      const int s = c & 1;
-      const unsigned parity = (c >> 1) & 1;
-      asm volatile("{\n.reg .pred p;\nW:\nmbarrier.try_wait.parity.shared.b64 p, [%0], %1;\n@!p bra W;\n}\n"
-                   ::"r"(b0 + 8 * s), "r"(parity) : "memory");
-      if (c == 0) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(tf));
-      if (c + 2 < chunks) {
-        asm volatile("mbarrier.arrive.expect_tx.shared.b64 _, [%0], %1;" ::"r"(b0 + 8 * s), "r"(CHUNK) : "memory");
-        asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];"
-                     ::"r"(s0 + s * CHUNK), "l"(mp), "r"(0), "r"(mine[c + 2]), "r"(0), "r"(b0 + 8 * s) : "memory");
-      }
-    }
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t1));
-    unsigned sm;
-    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
-    out[4 * blockIdx.x] = sm;
-    out[4 * blockIdx.x + 1] = t0;
-    out[4 * blockIdx.x + 2] = t1;
-    out[4 * blockIdx.x + 3] = tf;
-  }
+  stream<true>(nullptr, nullptr, reinterpret_cast<unsigned long long>(&map), slots, chunks, out, nullptr, 0);
 }
 """.replace("CHUNK", str(CHUNK))
+SMEM = 2 * CHUNK + 16  # two stages and two mbarriers
 
 
 def probe3d(promotion: int):
@@ -126,8 +101,8 @@ def probe3d(promotion: int):
     swizzle) over a 64-token page cache, with L2 promotion ``promotion``: (smid, start, end, first chunk) per CTA."""
     from kdtr import tma
 
-    k = cp.RawKernel(PROBE3D, "kdtr_sm_probe3d")
-    k.max_dynamic_shared_size_bytes = 2 * CHUNK + 16
+    k = cp.RawKernel(PROBE, "kdtr_sm_probe3d")
+    k.max_dynamic_shared_size_bytes = SMEM
     ctas = 2 * SMS
     pages = (ctas * CHUNKS + 1) // 2
     cache = cp.random.randint(0, 255, pages * 2 * CHUNK, dtype=cp.uint8)
@@ -141,7 +116,7 @@ def probe3d(promotion: int):
     for rep in range(REPEAT + 1):
         flush.sum()
         hold((1,), (1,), (np.uint64(200_000),))
-        k((ctas,), (128,), (tmap, slots, np.int32(CHUNKS), out), shared_mem=2 * CHUNK + 16)
+        k((ctas,), (128,), (tmap, slots, np.int32(CHUNKS), out), shared_mem=SMEM)
         cp.cuda.runtime.deviceSynchronize()
         if rep:
             runs.append(out.get().reshape(ctas, 4).astype(np.int64))
@@ -153,7 +128,7 @@ def probe(pages: bool, links: int = 0):
     half of a 72 KB page placed at random (as a shuffled 64-token page cache), else the CTAs' regions are
     contiguous."""
     k = cp.RawKernel(PROBE, "kdtr_sm_probe")
-    k.max_dynamic_shared_size_bytes = 2 * CHUNK
+    k.max_dynamic_shared_size_bytes = SMEM
     ctas = 2 * SMS
     src = cp.random.randint(0, 255, ctas * CHUNKS * CHUNK, dtype=cp.uint8)
     t = np.arange(ctas * CHUNKS)
@@ -170,7 +145,7 @@ def probe(pages: bool, links: int = 0):
     for rep in range(REPEAT + 1):
         flush.sum()
         hold((1,), (1,), (np.uint64(200_000),))
-        k((ctas,), (128,), (src, offs, np.int32(CHUNKS), out, chain, np.int32(links)), shared_mem=2 * CHUNK)
+        k((ctas,), (128,), (src, offs, np.int32(CHUNKS), out, chain, np.int32(links)), shared_mem=SMEM)
         cp.cuda.runtime.deviceSynchronize()
         if rep:  # the first launch warms up
             runs.append(out.get().reshape(ctas, 4).astype(np.int64))
@@ -267,14 +242,7 @@ for splits in ("", str(2 * SMS)):
         steps_d[:] = 0
         prof[19:20] = cp.full((1,), np.iinfo(np.uint64).max, cp.uint64)
         prof[22:23] = cp.full((1,), np.iinfo(np.uint64).max, cp.uint64)
-        flush.sum()
-        hold((1,), (1,), (np.uint64(200_000),))
-        e0, e1 = cp.cuda.Event(), cp.cuda.Event()
-        e0.record()
-        go()
-        e1.record()
-        cp.cuda.runtime.deviceSynchronize()
-        ev = cp.cuda.get_elapsed_time(e0, e1) * 1e3
+        ev = cold_run(go, flush, hold, 200_000) * 1e3
         t0 = int(prof.get()[19])
         ends, smid = ends_d.get()[:n].astype(np.int64), smid_d.get()[:n].astype(np.int64)
         first = first_d.get()[:n].astype(np.int64)
