@@ -459,11 +459,11 @@ for mode in "${@:-check}"; do
       flash_san_tests
       ab_interleaved rowsparts
       ;;
-    promotion)  # session 18: the cache map's 128-byte L2 promotion: ci, flash-sm90's GPU tests (not the long suite), the sweep
+    promotion)  # session 18: the cache map's 128-byte L2 promotion: ci, the sweep, flash-sm90's GPU tests (not the long suite)
       ci_verify flash-sm90
+      bench_sets
       stage pytest_sm90 timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_verify.py -k "sm90 and not long and (tensor_map or transposed or narrow)"
       tail -n 2 "$LOGS/pytest_sm90.log" >>"$SUMMARY"
-      bench_sets
       ;;
     speed)  # session 18: a bulk-copy probe's per-SM rates against XR_ONLY's Kimi T1 P128k B1 per-SM loop ends, and the
             # issuer's prologue steps (profile build)
