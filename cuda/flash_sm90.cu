@@ -636,7 +636,7 @@ __global__ void __launch_bounds__(f90::NTHREADS, XR == f90::XR_ONLY ? 2 : 1) kdt
   // ---- this CTA's keys: prefix range [kp_lo, kp_hi) of its split or piece, plus the tail if last ----
   const kdtr::SplitKeys keys = SEGMENTS ? cw.keys : kdtr::split_keys<BN, BUG>(P, T, split, nsplit);
   phases.reached(CtaPhases::SPLIT, keys.lo);
-  if (tid == 128) CtaPhases::step(2 + 0 * keys.lo);  // the prefix length known (keys.lo waits for it)
+  if (tid == 128) CtaPhases::step(2);  // the prefix length known: phases.reached waited for keys.lo
   const int kp_lo = keys.lo, kp_hi = keys.hi, n_pre = keys.n_pre;
   const bool has_tail = keys.has_tail;
 

@@ -198,8 +198,7 @@ class FlashKernel:
 
         pages, page_size = dp.problem.kv_cache.shape[0], dp.problem.page_size
         spec = tma.kv_map_spec(pages, page_size, DK, cfg["TMA_BOX_COLS"], cfg["BN"], cfg["TMA_BOX_SLABS"])
-        promotion = FlashKnobs.from_env().tma_promotion
-        return (tma.encode(spec, dp.kv_cache.data.ptr, tma.L2_PROMOTIONS[promotion] if promotion else tma.L2_PROMOTION),)
+        return (tma.encode(spec, dp.kv_cache.data.ptr, tma.l2_promotion(FlashKnobs.from_env().tma_promotion)),)
 
     def run(self, problem, out_dtype: str):
         from kdtr.launch import DeviceProblem

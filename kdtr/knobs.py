@@ -11,8 +11,10 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-TMA_PROMOTIONS = ("", "none", "64", "128", "256")
-"""KDTR_TMA_PROMOTION's values: kdtr/tma.py's L2_PROMOTIONS keys (tests/test_knobs.py checks that they agree)."""
+from kdtr.tma import L2_PROMOTIONS
+
+TMA_PROMOTIONS = ("", *L2_PROMOTIONS)
+"""KDTR_TMA_PROMOTION's values: "" (the default) or a name of kdtr/tma.py's L2_PROMOTIONS."""
 COMBINE_FORCES = ("", "rows", "split", "narrow", "narrow32", "narrow64")
 """KDTR_FLASH_COMBINE's values. The narrow widths are kdtr/flash_plan.py's NARROW_COLS, which imports this
 module and so cannot be imported here: tests/test_knobs.py checks that the two lists agree."""
@@ -99,5 +101,5 @@ class FlashKnobs:
             segments=segments_knob(get("KDTR_FLASH_SEGMENTS")),
             pdl=pdl_knob(get("KDTR_PDL")),
             tma_promotion=_choice("KDTR_TMA_PROMOTION", get("KDTR_TMA_PROMOTION"), TMA_PROMOTIONS,
-                                  "none, 64, 128 or 256 (bytes an L2 miss of a TMA box fetches)"),
+                                  f"{', '.join(L2_PROMOTIONS)} (bytes an L2 miss of a TMA box fetches)"),
         )

@@ -32,6 +32,11 @@ L2_PROMOTION = L2_PROMOTION_128B
 """The cache map's L2 promotion: the bytes an L2 miss of a box fetches. A box reads each key's 128-byte slab rows
 slab by slab (1152 bytes apart), and 256-byte promotion made a bare stream of such boxes 7-8 % slower than 128
 bytes, 64 or none (equal), and XR_ONLY's decode 5-8 % slower (docs/PERF.md, session 18)."""
+
+
+def l2_promotion(name: str = "") -> int:
+    """The CUtensorMapL2promotion value of an L2_PROMOTIONS name; "" the default (L2_PROMOTION)."""
+    return L2_PROMOTIONS[name] if name else L2_PROMOTION
 OOB_FILL_ZEROS = 0
 SWIZZLE_128B_ROW_BYTES = 128
 

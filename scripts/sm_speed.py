@@ -6,14 +6,16 @@ place in the chip), a split whose piece lengths follow each SM's speed could end
 This script measures it; nothing here is checked (a timing aid for docs/PERF.md).
 
 1. A bulk-copy probe: 2 CTAs an SM (every SM), each streams its own 17 x 36 KB (as XR_ONLY's CTA on
-   T1 P128k B1: two 36 KB stages, one cp.async.bulk a stage, nothing computed), records its SM and
-   the globaltimer at its first and last byte. L2 flushed before each of REPEAT launches.
+   T1 P128k B1: two 36 KB stages, one cp.async.bulk a stage, nothing computed), records its SM, the
+   globaltimer at its start and end and when its first chunk landed. L2 flushed before each of REPEAT
+   launches. Variants: contiguous regions or shuffled 72 KB pages; the kernel's own tensor map and box
+   at three L2 promotions; 0-2 dependent cold loads before the first copy.
 2. flash-sm90's profile build (-DKDTR_F90_PROFILE) on Kimi T1 P128k B1, XR_ONLY with the plan's splits
-   and with 2 x SMs splits (no SM alone): each CTA's SM and loop end.
+   and with 2 x SMs splits (no SM alone): each CTA's SM, first TMA boxes, first tile and loop end.
 Printed: per-SM stability of the probe across launches, its spread, SMs sorted by id (the GPC
 structure, if any), and the correlation of the probe's per-SM time with the kernel's per-SM loop end.
 
-    python3 scripts/sm_speed.py
+    python3 scripts/sm_speed.py      SM_SPEED_KERNEL_ONLY=1: skip the probes; SM_SPEED_OPTS: more -D options
 """
 import os
 
@@ -85,7 +87,7 @@ __device__ void stream(const char* src, const long long* offs, unsigned long lon
 }
 
 extern "C" __global__ void __launch_bounds__(128, 2) kdtr_sm_probe(const char* src, const long long* offs, int chunks,
-                                                                  unsigned long long* out, const int* chain, int links) {
+                                                                  const int* chain, int links, unsigned long long* out) {
   stream<false>(src, offs, 0, nullptr, chunks, out, chain, links);
 }
 extern "C" __global__ void __launch_bounds__(128, 2) kdtr_sm_probe3d(const __grid_constant__ Map map, const int* slots,
@@ -96,9 +98,25 @@ extern "C" __global__ void __launch_bounds__(128, 2) kdtr_sm_probe3d(const __gri
 SMEM = 2 * CHUNK + 16  # two stages and two mbarriers
 
 
-def probe3d(promotion: int):
+def launches(kernel, args) -> list:
+    """REPEAT launches of a probe kernel on 2 x SMs CTAs after a warm-up, each with a cold L2: per launch,
+    (smid, start ns, end ns, first chunk landed ns) of each CTA."""
+    ctas = 2 * SMS
+    out = cp.zeros(4 * ctas, cp.uint64)
+    runs = []
+    for rep in range(REPEAT + 1):
+        flush.sum()
+        hold((1,), (1,), (np.uint64(200_000),))
+        kernel((ctas,), (128,), (*args, out), shared_mem=SMEM)
+        cp.cuda.runtime.deviceSynchronize()
+        if rep:  # the first launch warms up
+            runs.append(out.get().reshape(ctas, 4).astype(np.int64))
+    return runs
+
+
+def probe3d(promotion: str):
     """probe(pages=True) through the kernel's own tensor map and box (64 columns x 32 keys x 9 slabs, 128-byte
-    swizzle) over a 64-token page cache, with L2 promotion ``promotion``: (smid, start, end, first chunk) per CTA."""
+    swizzle) over a 64-token page cache, with L2 promotion ``promotion`` (kdtr/tma.py's names)."""
     from kdtr import tma
 
     k = cp.RawKernel(PROBE, "kdtr_sm_probe3d")
@@ -110,23 +128,12 @@ def probe3d(promotion: int):
     perm = np.random.default_rng(0).permutation(pages)
     slots = cp.asarray((perm[t // 2] * 64 + (t % 2) * 32).astype(np.int32))
     spec = tma.kv_map_spec(pages, 64, 576, 64, 32, 9)
-    tmap = tma.encode(spec, cache.data.ptr, promotion)
-    out = cp.zeros(4 * ctas, cp.uint64)
-    runs = []
-    for rep in range(REPEAT + 1):
-        flush.sum()
-        hold((1,), (1,), (np.uint64(200_000),))
-        k((ctas,), (128,), (tmap, slots, np.int32(CHUNKS), out), shared_mem=SMEM)
-        cp.cuda.runtime.deviceSynchronize()
-        if rep:
-            runs.append(out.get().reshape(ctas, 4).astype(np.int64))
-    return runs
+    return launches(k, (tma.encode(spec, cache.data.ptr, tma.l2_promotion(promotion)), slots, np.int32(CHUNKS)))
 
 
 def probe(pages: bool, links: int = 0):
-    """Per launch: (smid, start ns, end ns) of each of the 2 x SMs CTAs. ``pages``: chunk c of CTA i is
-    half of a 72 KB page placed at random (as a shuffled 64-token page cache), else the CTAs' regions are
-    contiguous."""
+    """launches() of the bulk-copy probe. ``pages``: chunk c of CTA i is half of a 72 KB page placed at random
+    (as a shuffled 64-token page cache), else the CTAs' regions are contiguous; ``links`` dependent loads first."""
     k = cp.RawKernel(PROBE, "kdtr_sm_probe")
     k.max_dynamic_shared_size_bytes = SMEM
     ctas = 2 * SMS
@@ -139,17 +146,8 @@ def probe(pages: bool, links: int = 0):
     else:
         offs = t * CHUNK
     offs = cp.asarray(offs.astype(np.int64))
-    out = cp.zeros(4 * ctas, cp.uint64)
     chain = cp.zeros((links + 1) * ctas * 32, cp.int32)  # a 128-byte line per CTA and link: cold after the flush
-    runs = []
-    for rep in range(REPEAT + 1):
-        flush.sum()
-        hold((1,), (1,), (np.uint64(200_000),))
-        k((ctas,), (128,), (src, offs, np.int32(CHUNKS), out, chain, np.int32(links)), shared_mem=SMEM)
-        cp.cuda.runtime.deviceSynchronize()
-        if rep:  # the first launch warms up
-            runs.append(out.get().reshape(ctas, 4).astype(np.int64))
-    return runs
+    return launches(k, (src, offs, np.int32(CHUNKS), chain, np.int32(links)))
 
 
 def per_sm(sm, t):
@@ -168,13 +166,16 @@ def rank_corr(a, b):
 pct = lambda x: " / ".join(f"{np.percentile(x[~np.isnan(x)], q):.2f}" for q in (0, 10, 50, 90, 100))  # noqa: E731
 
 KERNEL_ONLY = os.environ.get("SM_SPEED_KERNEL_ONLY") == "1"  # skip the probes (their fast SMs: session 18's)
+contiguous = []  # its launches also give the per-SM rates below
 for label, pages in () if KERNEL_ONLY else (("random pages", True), ("contiguous", False)):
     tails = []
-    for r in probe(pages):
+    runs = probe(pages)
+    for r in runs:
         e = (r[:, 2] - r[:, 1].min()) / 1e3
         tails.append(f"{np.median(e):.1f}/{e.max():.1f}")
     print(f"probe, {label}: CTA end median/max per launch (us): " + ", ".join(tails))
-for promotion in (3, 0, 2):  # the kernel's 256-byte L2 promotion, none, 128 bytes
+    contiguous = runs
+for promotion in () if KERNEL_ONLY else ("256", "none", "128"):  # the kernel's old 256 bytes, none, its 128
     firsts = []
     for r in probe3d(promotion):
         t0 = r[:, 1].min()
@@ -182,15 +183,14 @@ for promotion in (3, 0, 2):  # the kernel's 256-byte L2 promotion, none, 128 byt
         firsts.append(f"{np.median((r[:, 3] - t0) / 1e3):.2f}/{np.median(e):.1f}/{e.max():.1f}")
     print(f"probe through the kernel's tensor map, L2 promotion {promotion}: first chunk landed / CTA end median / max, "
           f"per launch (us): " + ", ".join(firsts))
-for links in (0, 1, 2):  # the first chunk's landing after 0-2 dependent cold loads (the kernel: prefix length, block table)
+for links in () if KERNEL_ONLY else (0, 1, 2):  # the first chunk's landing after 0-2 dependent cold loads (the kernel: prefix length, block table)
     firsts = []
     for r in probe(True, links):
         t0 = r[:, 1].min()
         firsts.append(f"{np.median((r[:, 3] - t0) / 1e3):.2f}/{np.median((r[:, 2] - t0) / 1e3):.1f}")
     print(f"probe, {links} dependent loads first: first chunk landed / CTA end, medians per launch (us): " + ", ".join(firsts))
-runs = [] if KERNEL_ONLY else probe(False)
 sm_t = []
-for r in runs:
+for r in contiguous:
     t0 = r[:, 1].min()
     end_us = (r[:, 2] - t0) / 1e3
     dur_us = (r[:, 2] - r[:, 1]) / 1e3
@@ -264,12 +264,11 @@ for splits in ("", str(2 * SMS)):
               f"first tile {np.mean(f[late]):.2f} (all {np.mean(f):.2f}), loop {np.mean(dur[late]):.2f} (all {np.mean(dur):.2f}); "
               f"loop on the probe's fast SMs {np.mean(dur[fast & ~lone]):.2f} ({int(np.sum(fast))} CTAs), others sharing "
               f"{np.mean(dur[~fast & ~lone]):.2f}, alone {np.mean(dur[lone]) if lone.any() else float('nan'):.2f}")
-        last = np.full(SMS, np.nan)
-        for s, t in zip(sm, rel):
-            last[s] = t if np.isnan(last[s]) else max(last[s], t)
-        k_t.append(last)
+        last = np.full(SMS, -np.inf)
+        np.maximum.at(last, sm, rel)
+        k_t.append(np.where(np.isfinite(last), last, np.nan))
         print(f"kernel {nsplit} splits, launch {rep}: events {ev:.1f} us; loop ends p0/10/50/90/100 {pct(rel)}; "
-              f"SMs with 1 CTA {int(np.sum(np.bincount(sm, minlength=SMS) == 1))}")
+              f"SMs with 1 CTA {int(np.sum(cnt == 1))}")
     k_t = np.array(k_t)
     km = np.nanmean(k_t, axis=0)
     print(f"kernel {nsplit} splits: per-SM last loop end, rank correlation between launches: "

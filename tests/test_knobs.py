@@ -40,10 +40,13 @@ def test_the_combine_widths_are_the_plans():
         FlashKnobs.from_env({"KDTR_FLASH_COMBINE": "narrow128"})
 
 
-def test_the_promotions_are_the_tensor_maps():
-    assert set(TMA_PROMOTIONS) - {""} == set(tma.L2_PROMOTIONS)
-    assert FlashKnobs.from_env({"KDTR_TMA_PROMOTION": "128"}).tma_promotion == "128"
-    with pytest.raises(ValueError, match="^KDTR_TMA_PROMOTION='512'"):
+def test_every_promotion_parses_to_its_tensor_map_value():
+    assert TMA_PROMOTIONS[0] == "" and tma.l2_promotion("") == tma.L2_PROMOTION == tma.L2_PROMOTION_128B
+    for name in TMA_PROMOTIONS[1:]:
+        assert FlashKnobs.from_env({"KDTR_TMA_PROMOTION": name}).tma_promotion == name
+        assert tma.l2_promotion(name) == tma.L2_PROMOTIONS[name]
+    assert [tma.l2_promotion(n) for n in ("none", "64", "128", "256")] == [0, 1, 2, 3]  # cuda.h's enum
+    with pytest.raises(ValueError, match="^KDTR_TMA_PROMOTION='512': none, 64, 128, 256 "):
         FlashKnobs.from_env({"KDTR_TMA_PROMOTION": "512"})
 
 
