@@ -83,7 +83,8 @@
 //   Experiment knobs (NVRTC -D): KDTR_F90_STAGES=3 or 4 with KDTR_F90_EXPERIMENT to lift the 99 KB
 //   assert (129 / 166 KB: copies one or two more tiles ahead; docs/PERF.md); KDTR_F90_PROFILE: cycles
 //   per main-loop section (and the prologue's steps) into kdtr_f90_prof (scripts/f90_profile.py);
-//   KDTR_F90_NO_TMA: every tile through cp.async (the A/B of docs/PERF.md, session 6); KDTR_COMBINE_BATCH=N:
+//   KDTR_F90_NO_TMA: every tile through cp.async (the A/B of docs/PERF.md, session 6); KDTR_F90_S_FIRST=1: S(i+1)
+//   issued before P(i) is handed over (with 3+ stages: what the 99 KB cap costs, docs/PERF.md session 19); KDTR_COMBINE_BATCH=N:
 //   the combine launch's partial rows in flight per warp (9 here; the A/B of session 14).
 
 #include <cuda_bf16.h>
@@ -127,6 +128,12 @@ constexpr bool TMA = false;                     // experiment: every tile throug
 #else
 constexpr bool TMA = true;
 #endif
+#ifndef KDTR_F90_S_FIRST
+#define KDTR_F90_S_FIRST 0
+#endif
+// Experiment: S(i+1) issued before P(i) is handed over, so that it runs ahead of P V(i) on the tensor pipe and
+// softmax(i+1) under P V(i); with 2 stages tile i+1 must then land before P V(i) starts (docs/PERF.md, session 19)
+constexpr bool S_FIRST = KDTR_F90_S_FIRST;
 constexpr int TMA_BOX_COLS = 64;                // a TMA box: 64 columns (one 128-byte swizzle row) x BN keys
 constexpr int TMA_BOX_SLABS = KDTR_DK / TMA_BOX_COLS;  // x all 9 slabs: one box is one whole tile
 
@@ -723,10 +730,10 @@ __global__ void __launch_bounds__(f90::NTHREADS, XR == f90::XR_ONLY ? 2 : 1) kdt
     phases.prologue_done();
     Laps laps;
     laps.start();
-    for (int i = 0; i < n_tiles; ++i) {
-      const int stage = i % STAGES;  // KV stage and P buffer of tile i
-      // tile i landed (the consumers copied it, or issued its TMA, once their P V of tile i-STAGES was
-      // done, so the P buffer and alpha of this stage are free too)
+    // tile i landed (the consumers copied it, or issued its TMA, once their P V of tile i-STAGES was
+    // done, so the P buffer and alpha of this stage are free too)
+    auto wait_tile = [&](int i) {
+      const int stage = i % STAGES;
       if (tma_tile(i)) {
         mbar_wait(bars + stage * 8, (tma_phase >> stage) & 1u);
         tma_phase ^= 1u << stage;
@@ -734,10 +741,11 @@ __global__ void __launch_bounds__(f90::NTHREADS, XR == f90::XR_ONLY ? 2 : 1) kdt
         bar_sync(BAR_TILE + stage, NTHREADS);
       }
       CtaPhases::first_tile(i);
-      laps.lap(0);
-
+    };
+    float s_next[S_REGS], sx_next[SX_REGS];  // S_FIRST: S(i+1) in flight across the loop's back edge
+    auto issue_s = [&](int i, float (&s)[S_REGS], float (&sx)[SX_REGS]) {
       // S(i) = Q K^T on the tensor cores; K-major B: k-step ks at slab ks/4, 32 bytes per step
-      float s[S_REGS], sx[SX_REGS];
+      const int stage = i % STAGES;
       {
         const unsigned long long dk = desc_sw128(kv_base + stage * STAGE_BYTES, 16, 1024);
         wgmma_fence();
@@ -760,6 +768,19 @@ __global__ void __launch_bounds__(f90::NTHREADS, XR == f90::XR_ONLY ? 2 : 1) kdt
         }
         wgmma_commit();
       }
+    };
+    if (S_FIRST && n_tiles > 0) {
+      wait_tile(0);
+      issue_s(0, s_next, sx_next);
+    }
+    for (int i = 0; i < n_tiles; ++i) {
+      const int stage = i % STAGES;  // KV stage and P buffer of tile i
+      float s_own[S_REGS], sx_own[SX_REGS];
+      float(&s)[S_REGS] = S_FIRST ? s_next : s_own;  // S_FIRST: S(i) was issued before P full(i-1)
+      float(&sx)[SX_REGS] = S_FIRST ? sx_next : sx_own;
+      if (!S_FIRST) wait_tile(i);
+      laps.lap(0);
+      if (!S_FIRST) issue_s(i, s, sx);
       laps.lap(1);
 
       // mask + online softmax (exp2 domain); element e: n8 block e/4, row half h = (e/2)%2, column
@@ -899,10 +920,15 @@ __global__ void __launch_bounds__(f90::NTHREADS, XR == f90::XR_ONLY ? 2 : 1) kdt
         fence_async_smem();  // P is read by the consumers' wgmma (async proxy)
       }
       laps.lap(3);
+      if (S_FIRST && i + 1 < n_tiles) {  // S(i+1) ahead of P V(i)
+        wait_tile(i + 1);
+        issue_s(i + 1, s_next, sx_next);
+      }
       bar_sync(BAR_P_FULL + stage, NTHREADS);  // measured faster than arriving (docs/PERF.md, s5 and session 4)
       laps.lap(4);
     }
     laps.flush(PROF_PRODUCER, 5, n_tiles);
+    if (S_FIRST) wgmma_wait<0>();  // nothing is in flight here, but ptxas cannot tell (it injected this wait)
 
     // final row statistics: l to the consumers, lse written here
     auto write_lse = [&](int r, float m, float l) {
@@ -1062,6 +1088,11 @@ __global__ void __launch_bounds__(f90::NTHREADS, XR == f90::XR_ONLY ? 2 : 1) kdt
     laps.start();
     for (int i = 0; i < n_tiles; ++i) {
       const int stage = i % STAGES;  // KV stage and P buffer of tile i
+      if (S_FIRST && i + 1 < n_tiles && !tma_tile(i + 1)) {  // the producer issues S(i+1) before P full(i)
+        kdtr::cp_async_wait<STAGES - 2>();
+        fence_async_smem();
+        bar_arrive(BAR_TILE + (i + 1) % STAGES, NTHREADS);
+      }
       bar_sync(BAR_P_FULL + stage, NTHREADS);
       laps.lap(0);
       const float a0 = MAIN ? alpha_s[stage * ROWS + ww * 16 + g] : 1.f, a1 = MAIN ? alpha_s[stage * ROWS + ww * 16 + g + 8] : 1.f;
@@ -1115,7 +1146,7 @@ __global__ void __launch_bounds__(f90::NTHREADS, XR == f90::XR_ONLY ? 2 : 1) kdt
       } else if (XR && has_x) {
         o_t();  // under P V (before its issue or after its wait measured the same: PERF.md s7)
       }
-      if (i + 1 < n_tiles && !tma_tile(i + 1)) {  // while P V(i) runs: tile i+1 (copied STAGES-1 tiles ago) landed
+      if (!S_FIRST && i + 1 < n_tiles && !tma_tile(i + 1)) {  // while P V(i) runs: tile i+1 (copied STAGES-1 tiles ago) landed
         kdtr::cp_async_wait<STAGES - 2>();
         fence_async_smem();
         bar_arrive(BAR_TILE + (i + 1) % STAGES, NTHREADS);

@@ -37,6 +37,9 @@
 #   abtree2: ab_old/ against this tree twice, interleaved, both flash kernels (scripts/ab_table.py)
 #   narrowwarps: the narrow merge's 4- or 8-warp builds: ci, flash tests, sanitizer tests, interleaved A/B
 #   rowsparts: the warp-per-row merge by half rows: ci, merge tests, sanitizer tests, interleaved A/B
+#   sfirst: S(i+1) before P V(i) (-DKDTR_F90_S_FIRST=1) at 2, 3 and 4 stages: ci, interleaved timings, profile
+#   capsweep: the whole sweep, shipped build against S first at 3 and 4 stages (above 99 KB: what the cap costs)
+#   clusters: thread-block clusters of flash-sm90's main build that fit at once, by cluster size
 #   speed : is an SM's streaming rate its own, and when do XR_ONLY's first tiles land (scripts/sm_speed.py)
 #   promotion: the cache map's L2 promotion: ci, flash-sm90's GPU tests, the compute and memory sets
 #   ncuxonly: per-instruction stall samples of XR_ONLY (Kimi T1 P128k B32 planned, B1 forced) and the 64-row B1
@@ -464,6 +467,29 @@ for mode in "${@:-check}"; do
       bench_sets
       stage pytest_sm90 timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_verify.py -k "sm90 and not long and (tensor_map or transposed or narrow)"
       tail -n 2 "$LOGS/pytest_sm90.log" >>"$SUMMARY"
+      ;;
+    sfirst)  # session 19: S(i+1) issued before P(i) is handed over (-DKDTR_F90_S_FIRST=1), at 2 stages and at 3 (above
+             # 99 KB: what the stage count costs the tile chain): ci for each, interleaved timings, per-section profile
+      SF2="sf2=-DKDTR_F90_S_FIRST=1"; S3="s3=-DKDTR_F90_STAGES=3 -DKDTR_F90_EXPERIMENT"
+      SF3="sf3=-DKDTR_F90_S_FIRST=1 -DKDTR_F90_STAGES=3 -DKDTR_F90_EXPERIMENT"
+      SF4="sf4=-DKDTR_F90_S_FIRST=1 -DKDTR_F90_STAGES=4 -DKDTR_F90_EXPERIMENT"
+      if ! stage knob_verify timeout 300 python3 scripts/knob_verify.py "$SF2" "$SF3" "$SF4"; then
+        tail -n 12 "$LOGS/knob_verify.log" >>"$SUMMARY"; note "knob_verify failed: timings skipped"; break
+      fi
+      grep -v Warn "$LOGS/knob_verify.log" | tail -n 6 >>"$SUMMARY"
+      stage sf_ablate timeout 360 python3 scripts/sm90_ablate.py sfirst base= "$SF2" "$S3" "$SF3" "$SF4" base2= "${SF3/sf3=/sf3again=}"
+      grep -v Warn "$LOGS/sf_ablate.log" | tail -n 110 >>"$SUMMARY"
+      stage sf_profile timeout 200 python3 scripts/f90_profile.py default base= "$SF2" "$SF3"
+      grep -E "CTAs, |^  (producer|consumer|per CTA)" "$LOGS/sf_profile.log" | cut -c1-220 | head -n 80 >>"$SUMMARY"
+      ;;
+    capsweep)  # session 19: the whole sweep with the 99 KB cap lifted (3 and 4 stages, S first) against the shipped build
+      stage cap_sweep timeout 560 python3 scripts/sm90_ablate.py sweep base= \
+        "sf3=-DKDTR_F90_S_FIRST=1 -DKDTR_F90_STAGES=3 -DKDTR_F90_EXPERIMENT" "sf4=-DKDTR_F90_S_FIRST=1 -DKDTR_F90_STAGES=4 -DKDTR_F90_EXPERIMENT"
+      grep -v Warn "$LOGS/cap_sweep.log" | tail -n 130 >>"$SUMMARY"
+      ;;
+    clusters)  # session 19: how many clusters of the main build fit at once, by size (scripts/cluster_fit.py)
+      stage cluster_fit timeout 120 python3 scripts/cluster_fit.py
+      grep -v Warn "$LOGS/cluster_fit.log" | tail -n 12 >>"$SUMMARY"
       ;;
     speed)  # session 18: a bulk-copy probe's per-SM rates against XR_ONLY's Kimi T1 P128k B1 per-SM loop ends, and the
             # issuer's prologue steps (profile build)

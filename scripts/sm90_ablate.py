@@ -26,6 +26,7 @@ import os
 import sys
 
 from kdtr import bench, kernels
+from kdtr.presets import BENCH_GRIDS
 from kdtr.timing import measure_peaks
 
 DEFAULT = {
@@ -64,6 +65,11 @@ SHAPES = {
     # the cache map's L2 promotion (session 18): every memory-bound shape, and compute-bound ones of each size
     "promotion": (bench.grid(["kimi-k2"], [8], [0, 4, 8], [32768, 131072], [1, 32])
                   + bench.grid(["deepseek-v3"], [8], [64], [8192, 131072], [1, 8]) + bench.grid(["deepseek-v3"], [8], [256], [32768], [1])),
+    # S(i+1) ahead of P V(i), at 2 and 3 stages (session 19): the 64-row builds' tile chain (decode and compute), XR and XR_ONLY
+    "sfirst": (bench.grid(["kimi-k2"], [8], [0, 4, 8], [32768, 131072], [1]) + bench.grid(["kimi-k2"], [8], [0, 4, 8], [32768], [32])
+               + bench.grid(["deepseek-v3"], [8], [64], [8192], [1, 8]) + bench.grid(["deepseek-v3"], [8], [256], [8192, 32768], [1])),
+    # the issue's whole sweep (kdtr/presets.py BENCH_GRIDS): what a build does to every target at once
+    "sweep": bench.grid(**BENCH_GRIDS["compute"]) + bench.grid(**BENCH_GRIDS["memory"]),
     "recheck": (bench.grid(["deepseek-v3"], [8], [64], [131072], [8]) + bench.grid(["deepseek-v3"], [8], [256, 512], [32768], [8])
                 + bench.grid(["deepseek-v3"], [8], [64], [32768], [1])
                 + bench.grid(["kimi-k2"], [8], [0, 4], [32768], [1])),

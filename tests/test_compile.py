@@ -195,6 +195,8 @@ EXPERIMENT_BUILDS = {  # cuda/flash_sm90.cu's documented -D knobs (its header): 
     "stages3": ("-DKDTR_F90_STAGES=3", "-DKDTR_F90_EXPERIMENT"),
     "stages4": ("-DKDTR_F90_STAGES=4", "-DKDTR_F90_EXPERIMENT"),
     "no-tma": ("-DKDTR_F90_NO_TMA",),
+    "s-first": ("-DKDTR_F90_S_FIRST=1",),
+    "s-first-stages3": ("-DKDTR_F90_S_FIRST=1", "-DKDTR_F90_STAGES=3", "-DKDTR_F90_EXPERIMENT"),
     "profile": ("-DKDTR_F90_PROFILE",),
     "combine-batch-8": ("-DKDTR_COMBINE_BATCH=8",),
 }
