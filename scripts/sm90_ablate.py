@@ -70,6 +70,8 @@ SHAPES = {
                + bench.grid(["deepseek-v3"], [8], [64], [8192], [1, 8]) + bench.grid(["deepseek-v3"], [8], [256], [8192, 32768], [1])),
     # the whole sweep (kdtr/presets.py BENCH_GRIDS): what a build does to every target at once
     "sweep": bench.grid(**BENCH_GRIDS["compute"]) + bench.grid(**BENCH_GRIDS["memory"]),
+    # the prologue's Q load (session 19): the 64-row B1 launches whose prologue is a large part
+    "qload": (bench.grid(["kimi-k2"], [8], [4, 8], [32768, 131072], [1]) + bench.grid(["deepseek-v3"], [8], [64], [8192, 32768], [1])),
     "recheck": (bench.grid(["deepseek-v3"], [8], [64], [131072], [8]) + bench.grid(["deepseek-v3"], [8], [256, 512], [32768], [8])
                 + bench.grid(["deepseek-v3"], [8], [64], [32768], [1])
                 + bench.grid(["kimi-k2"], [8], [0, 4], [32768], [1])),
