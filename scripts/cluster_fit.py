@@ -9,7 +9,7 @@ merge through distributed shared memory in one wave: DeepSeek T65 P8k B1 is 17 r
 import ctypes
 
 from kdtr import kernels
-from kdtr.launch import CTYPES, device_info, function_ptr
+from kdtr.launch import CTYPES, device_info, function_ptr, load_function
 from kdtr.pdl import LaunchConfig
 
 CLUSTER_DIMENSION = 4
@@ -27,8 +27,7 @@ kernel = kernels.resolve_kernel("flash-sm90")
 v = kernel.variant
 cfg = kernel.config()
 threads, smem = v.launch_shape(cfg, 4)
-loaded = kernel._load(v.main.format(mt=4, out=CTYPES["bf16"], bug=0, merge=0, xr=0))
-fn = loaded.function
+fn = load_function(v.source, v.main.format(mt=4, out=CTYPES["bf16"], bug=0, merge=0, xr=0), arch=v.arch).function
 fn.max_dynamic_shared_size_bytes = smem
 lib = ctypes.CDLL("libcuda.so.1")
 lib.cuOccupancyMaxActiveClusters.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_void_p, ctypes.c_void_p]
