@@ -1086,13 +1086,17 @@ __global__ void __launch_bounds__(f90::NTHREADS, XR == f90::XR_ONLY ? 2 : 1) kdt
 
     Laps laps;
     laps.start();
-    for (int i = 0; i < n_tiles; ++i) {
-      const int stage = i % STAGES;  // KV stage and P buffer of tile i
-      if (S_FIRST && i + 1 < n_tiles && !tma_tile(i + 1)) {  // the producer issues S(i+1) before P full(i)
+    // tile i+1, a cp.async tile copied STAGES-1 tiles ago, landed: the producer may issue S(i+1)
+    auto announce_next = [&](int i) {
+      if (i + 1 < n_tiles && !tma_tile(i + 1)) {
         kdtr::cp_async_wait<STAGES - 2>();
         fence_async_smem();
         bar_arrive(BAR_TILE + (i + 1) % STAGES, NTHREADS);
       }
+    };
+    for (int i = 0; i < n_tiles; ++i) {
+      const int stage = i % STAGES;  // KV stage and P buffer of tile i
+      if (S_FIRST) announce_next(i);  // the producer issues S(i+1) before P full(i)
       bar_sync(BAR_P_FULL + stage, NTHREADS);
       laps.lap(0);
       const float a0 = MAIN ? alpha_s[stage * ROWS + ww * 16 + g] : 1.f, a1 = MAIN ? alpha_s[stage * ROWS + ww * 16 + g + 8] : 1.f;
@@ -1146,11 +1150,7 @@ __global__ void __launch_bounds__(f90::NTHREADS, XR == f90::XR_ONLY ? 2 : 1) kdt
       } else if (XR && has_x) {
         o_t();  // under P V (before its issue or after its wait measured the same: PERF.md s7)
       }
-      if (!S_FIRST && i + 1 < n_tiles && !tma_tile(i + 1)) {  // while P V(i) runs: tile i+1 (copied STAGES-1 tiles ago) landed
-        kdtr::cp_async_wait<STAGES - 2>();
-        fence_async_smem();
-        bar_arrive(BAR_TILE + (i + 1) % STAGES, NTHREADS);
-      }
+      if (!S_FIRST) announce_next(i);  // while P V(i) runs
       laps.lap(1);
       wgmma_wait<0>();  // P V (MAIN) or O^T (XONLY)
       if (MAIN) {
