@@ -71,6 +71,10 @@
 //     loads Q's fragments at once; the consumers initialise the mbarriers, issue the first TMA tiles
 //     and find the live tail tiles, then hand them over by a named barrier (the XR build keeps a
 //     block-wide scan before the split: its consumers have no register to spare).
+//   * Epilogue: split partials of the 64-row builds go through the free KV stages, 128 columns a pass, and
+//     leave as 512-byte row pieces, one per warp store (KDTR_F90_ROW_STORES; DeepSeek T65 P8k ~1 us faster than
+//     each thread's own 32-byte stores, docs/PERF.md session 20); XR builds and direct outputs store from
+//     registers.
 //   Shared memory: 2 x 36 864 (KV) + 8 KB (Q RoPE) + 2 x 4 KB (P) + 9 KB (Q_x) + 2 x 512 B (P_x) + row
 //   factors, tail-tile list and mbarriers = 101 280 B, within sm_120's 99 KB like every kdtr kernel
 //   (static_assert), though only sm_90a has wgmma. The base must be 1 KB aligned (swizzle atoms; no
@@ -84,7 +88,10 @@
 //   assert (129 / 166 KB: copies one or two more tiles ahead; docs/PERF.md); KDTR_F90_PROFILE: cycles
 //   per main-loop section (and the prologue's steps) into kdtr_f90_prof (scripts/f90_profile.py);
 //   KDTR_F90_NO_TMA: every tile through cp.async (the A/B of docs/PERF.md, session 6); KDTR_F90_S_FIRST=1: S(i+1)
-//   issued before P(i) is handed over (with 3+ stages: what the 99 KB cap costs, docs/PERF.md session 19); KDTR_COMBINE_BATCH=N:
+//   issued before P(i) is handed over (with 3+ stages: what the 99 KB cap costs, docs/PERF.md session 19); KDTR_F90_Q_SKIP=N:
+//   only Q's chunks 4 (m % N) + tq loaded, the rest repeated (timing only, wrong results: does Q's load gate the
+//   first S? docs/PERF.md session 20); KDTR_F90_ROW_STORES=0: the split partials stored from registers
+//   (the A/B of session 20); KDTR_COMBINE_BATCH=N:
 //   the combine launch's partial rows in flight per warp (9 here; the A/B of session 14).
 
 #include <cuda_bf16.h>
@@ -127,6 +134,9 @@ constexpr int MAX_TAIL_TILES = MAX_T / BN;      // 40
 constexpr bool TMA = false;                     // experiment: every tile through cp.async (docs/PERF.md, session 6)
 #else
 constexpr bool TMA = true;
+#endif
+#ifndef KDTR_F90_ROW_STORES
+#define KDTR_F90_ROW_STORES 1  // the split partials staged and stored as whole row pieces (the epilogue)
 #endif
 #ifndef KDTR_F90_S_FIRST
 #define KDTR_F90_S_FIRST 0
@@ -454,7 +464,11 @@ __device__ __forceinline__ void load_q_fragments(unsigned (&qf)[QREG_KSTEPS][4],
   for (int m = 0; m < 16; ++m) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
+#ifdef KDTR_F90_Q_SKIP  // timing only, wrong results: chunks 4 (m % Q_SKIP) + tq loaded, the others repeat them
+      const uint4 v = src[h][4 * (m % KDTR_F90_Q_SKIP) + tq];
+#else
       const uint4 v = src[h][4 * m + tq];
+#endif
       unsigned e[4] = {v.x, v.y, v.z, v.w};
       quad_transpose(e, tq);
 #pragma unroll
@@ -1174,7 +1188,7 @@ __global__ void __launch_bounds__(f90::NTHREADS, XR == f90::XR_ONLY ? 2 : 1) kdt
     if (c == 0) laps.flush(PROF_CONSUMER, 5, n_tiles);
     phases.begin();
 
-    // ---- epilogue: out (one split) or fp32 partials (several) ----
+    // ---- epilogue: out (one split) or fp32 partials (several; staged as row pieces where ROW_STORES) ----
     auto orow_of = [&](int r) {  // element offset of row r in out or in this split's partials
       return direct ? ((long long)b * R + r) * KDTR_DV : prow(r) * KDTR_DV;
     };
@@ -1192,8 +1206,35 @@ __global__ void __launch_bounds__(f90::NTHREADS, XR == f90::XR_ONLY ? 2 : 1) kdt
               accx[j][e];  // XONLY: m-block j is slab 4 c + j, warp ww its rows 16 ww..; else warp ww's slab, m-tile j
     }
     bar_sync(BAR_STATS, NTHREADS);
+    constexpr bool ROW_STORES = KDTR_F90_ROW_STORES && MAIN && !XR;  // XR keeps O^T in a stage: direct stores
+    if (ROW_STORES && !direct) {
+      // fp32 partials staged in the KV stages (every tile is done) and written a row piece per warp store:
+      // 512 bytes, 4 whole lines, where a thread's own stores write 32 bytes of each of 8 rows
+      constexpr int PIECE = 128, PITCH = PIECE + 8;  // columns a pass; floats a staged row (+8: conflict-free float2)
+      static_assert(2 * BM * PITCH * 4 <= STAGES * STAGE_BYTES, "both consumers' pieces fit the KV stages");
+      float* piece = reinterpret_cast<float*>(smem + Smem::kv) + c * BM * PITCH;  // [64 rows][PITCH], consumer c
 #pragma unroll
-    for (int h = 0; h < (MAIN ? 2 : 0); ++h) {
+      for (int pass = 0; pass < KDTR_DV / 2 / PIECE; ++pass) {
+        if (pass) bar_sync(BAR_CONS, 256);  // the last pass's pieces were read
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int rl = ww * 16 + g + 8 * h;
+          const float inv = stats[rl];
+#pragma unroll
+          for (int jj = 0; jj < PIECE / 8; ++jj) {
+            const int j = pass * (PIECE / 8) + jj;
+            *reinterpret_cast<float2*>(piece + rl * PITCH + jj * 8 + 2 * tq) =
+                make_float2(acc[4 * j + 2 * h] * inv, acc[4 * j + 2 * h + 1] * inv);
+          }
+        }
+        bar_sync(BAR_CONS, 256);
+        for (int rl = ww; rl < BM && r0 + rl < R; rl += 4)  // warp ww: rows ww, ww + 4, ..
+          reinterpret_cast<float4*>(ws_o + orow_of(r0 + rl) + c * (KDTR_DV / 2) + pass * PIECE)[lane] =
+              reinterpret_cast<const float4*>(piece + rl * PITCH)[lane];
+      }
+    }
+#pragma unroll
+    for (int h = 0; h < (MAIN && !(ROW_STORES && !direct) ? 2 : 0); ++h) {
       const int rl = ww * 16 + g + 8 * h, r = r0 + rl;
       if (r >= R) continue;
       const float inv = stats[rl];

@@ -39,6 +39,11 @@
 #   rowsparts: the warp-per-row merge by half rows: ci, merge tests, sanitizer tests, interleaved A/B
 #   sfirst: S(i+1) before P V(i) (-DKDTR_F90_S_FIRST=1) at 2, 3 and 4 stages: ci, interleaved timings, profile
 #   capsweep: the whole sweep, shipped build against S first at 3 and 4 stages (above 99 KB: what the cap costs)
+#   qskip : does Q's two-round load gate the first S? (-DKDTR_F90_Q_SKIP builds, timing only) timings and profiles
+#   noop  : builds of the same code with an unused -D, timed against the shipped build (how far apart builds time)
+#   loadorder: the same builds as noop in another load order, with the register stores between them
+#   rowstores: the row stores (the default) against the register stores, each build its own process; ci, tests, sanitizers
+#   placement: cubin md5s of fresh compiles (scripts/build_hashes.py), the shipped build's speed over reloads (reload_spread.py)
 #   clusters: thread-block clusters of flash-sm90's main build that fit at once, by cluster size
 #   speed : is an SM's streaming rate its own, and when do XR_ONLY's first tiles land (scripts/sm_speed.py)
 #   promotion: the cache map's L2 promotion: ci, flash-sm90's GPU tests, the compute and memory sets
@@ -481,6 +486,41 @@ for mode in "${@:-check}"; do
       grep -v Warn "$LOGS/sf_ablate.log" | tail -n 110 >>"$SUMMARY"
       stage sf_profile timeout 200 python3 scripts/f90_profile.py default base= "$SF2" "$SF3"
       grep -E "CTAs, |^  (producer|consumer|per CTA)" "$LOGS/sf_profile.log" | cut -c1-220 | head -n 80 >>"$SUMMARY"
+      ;;
+    qskip)  # session 20: does Q's two-round load gate the first S? Q_SKIP builds load 2 or 16 of Q's 32 chunks a thread
+            # (wrong results, timing only) against the shipped build; profiles say when the first tile is waited past
+      QS1="qs1=-DKDTR_F90_Q_SKIP=1"; QS8="qs8=-DKDTR_F90_Q_SKIP=8"
+      stage qs_ablate timeout 300 python3 scripts/sm90_ablate.py qload base= "$QS1" "$QS8" base2=
+      grep -v Warn "$LOGS/qs_ablate.log" | tail -n 40 >>"$SUMMARY"
+      stage qs_profile timeout 200 python3 scripts/f90_profile.py tail base= "$QS1"
+      grep -E "CTAs, |^  (producer|consumer|per CTA)|prologue|launch" "$LOGS/qs_profile.log" | cut -c1-220 | head -n 60 >>"$SUMMARY"
+      ;;
+    noop)  # session 20: how far apart builds of the same code time: the shipped build against three compiled with an unused
+           # -D (their own cache entries; the SASS of the 64-row builds identical, XR_ONLY's up to operand order)
+      stage noop_ablate timeout 400 python3 scripts/sm90_ablate.py partials base= noop1=-DKDTR_NOOP=1 noop2=-DKDTR_NOOP=2 \
+        base2= noop3=-DKDTR_NOOP=3
+      grep -v Warn "$LOGS/noop_ablate.log" | tail -n 75 >>"$SUMMARY"
+      ;;
+    loadorder)  # session 20, after noop: is it the load order? the same builds with a no-op build loaded first, and the
+                # register stores between them (run 5 timed the row stores there, before they became the default)
+      stage order_ablate timeout 400 python3 scripts/sm90_ablate.py partials noop1=-DKDTR_NOOP=1 base= threads=-DKDTR_F90_ROW_STORES=0 \
+        noop2=-DKDTR_NOOP=2 noop1again=-DKDTR_NOOP=1
+      grep -v Warn "$LOGS/order_ablate.log" | tail -n 75 >>"$SUMMARY"
+      ;;
+    rowstores)  # session 20: the row stores as the default: against the old stores, each build in a process of its own
+                 # (sm90_ablate --apart), then ci, flash-sm90's GPU tests and the sanitizers on ci
+      stage apart_ablate timeout 240 python3 scripts/sm90_ablate.py partials --apart rows= threads=-DKDTR_F90_ROW_STORES=0
+      grep -v Warn "$LOGS/apart_ablate.log" | tail -n 40 >>"$SUMMARY"
+      ci_verify flash-sm90
+      stage pytest_sm90 timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_verify.py -k "sm90 and not long"
+      tail -n 2 "$LOGS/pytest_sm90.log" >>"$SUMMARY"
+      sanitize_ci flash-sm90
+      ;;
+    placement)  # session 20: are the builds byte-identical compile to compile here, and does a reload move their speed?
+      stage build_hashes timeout 200 python3 scripts/build_hashes.py 3
+      grep -v Warn "$LOGS/build_hashes.log" | tail -n 6 >>"$SUMMARY"
+      stage reload_spread timeout 200 python3 scripts/reload_spread.py 6
+      grep -v Warn "$LOGS/reload_spread.log" | tail -n 4 >>"$SUMMARY"
       ;;
     capsweep)  # session 19: the whole sweep with the 99 KB cap lifted (3 and 4 stages, S first) against the shipped build
       stage cap_sweep timeout 560 python3 scripts/sm90_ablate.py sweep base= \

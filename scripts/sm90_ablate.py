@@ -6,7 +6,11 @@ were measured this way, then removed or adopted (docs/PERF.md). A timing aid for
 nothing here is checked (`scripts/gpu_check.sh ablate` runs scripts/sm90_debug.py on the same
 builds first, `knobs` scripts/knob_verify.py).
 
-    python3 scripts/sm90_ablate.py [SHAPES] [LABEL=OPTS ...]   e.g. s3="-DKDTR_F90_STAGES=3 -DKDTR_F90_EXPERIMENT"
+    python3 scripts/sm90_ablate.py [SHAPES] [--apart] [LABEL=OPTS ...]   e.g. s3="-DKDTR_F90_STAGES=3 -DKDTR_F90_EXPERIMENT"
+
+--apart times each build in a process of its own (twice, the second time in reverse order): within one process the
+first build loaded is not on equal terms with the others (docs/PERF.md, session 20; the code-placement effect that
+remains is described there).
 
 OPTS may also hold kdtr/knobs.py variables (NAME=VALUE words, e.g. s48="KDTR_FLASH_SPLITS=48"): they are
 set only while that variant's launch is planned, so one process times the plan's choice beside forced ones.
@@ -23,6 +27,7 @@ Run with PYTHONPATH set to an exported older tree to time that tree's kernel on 
 """
 import contextlib
 import os
+import subprocess
 import sys
 
 from kdtr import bench, kernels
@@ -72,6 +77,11 @@ SHAPES = {
     "sweep": bench.grid(**BENCH_GRIDS["compute"]) + bench.grid(**BENCH_GRIDS["memory"]),
     # the prologue's Q load (session 19): the 64-row B1 launches whose prologue is a large part
     "qload": (bench.grid(["kimi-k2"], [8], [4, 8], [32768, 131072], [1]) + bench.grid(["deepseek-v3"], [8], [64], [8192, 32768], [1])),
+    # partial rows in the output's type (session 20, -DKDTR_PARTIAL_AS_OUT): the split launches whose partials'
+    # round trip is a large part (B1 decode, the small compute shapes) and a batch
+    "partials": (bench.grid(["kimi-k2"], [8], [0, 4, 8], [32768, 131072], [1]) + bench.grid(["kimi-k2"], [8], [8], [32768], [32])
+                 + bench.grid(["deepseek-v3"], [8], [64], [8192, 32768], [1]) + bench.grid(["deepseek-v3"], [8], [64], [8192], [8])
+                 + bench.grid(["deepseek-v3"], [8], [256], [8192], [1])),
     "recheck": (bench.grid(["deepseek-v3"], [8], [64], [131072], [8]) + bench.grid(["deepseek-v3"], [8], [256, 512], [32768], [8])
                 + bench.grid(["deepseek-v3"], [8], [64], [32768], [1])
                 + bench.grid(["kimi-k2"], [8], [0, 4], [32768], [1])),
@@ -83,8 +93,38 @@ SHAPES = {
            + bench.grid(["kimi-k2"], [8], [4], [131072], [1]) + bench.grid(["deepseek-v3"], [8], [64], [8192], [1, 8])
            + bench.grid(["deepseek-v3"], [8], [256], [32768], [1])),
 }
-shape_set = next((a for a in sys.argv[1:] if "=" not in a), "default")
+shape_set = next((a for a in sys.argv[1:] if "=" not in a and not a.startswith("--")), "default")
 variants = dict(a.split("=", 1) for a in sys.argv[1:] if "=" in a) or DEFAULT
+
+
+def apart() -> None:
+    """--apart: each build timed in a process of its own, in list order and then reversed. In one process the
+    build loaded first times 1-2 us apart from byte-identical builds loaded after it on Kimi decode (docs/PERF.md,
+    session 20); here each build is its process's first. What remains is where its code lands, which moves with
+    the sizes of the modules loaded before it: a Kimi decode difference of 1-2 us is still not evidence alone."""
+    times: dict[tuple[str, str], list[float]] = {}
+    shapes: list[str] = []
+    for order in (list(variants.items()), list(variants.items())[::-1]):
+        for label, opts in order:
+            out = subprocess.run([sys.executable, __file__, shape_set, f"{label}={opts}"], capture_output=True, text=True,
+                                 check=True).stdout
+            shape = ""
+            for line in out.splitlines():
+                if ": floor" in line and not line.startswith(" "):
+                    shape = line.split(":")[0]
+                    shapes += [shape] if shape not in shapes else []
+                elif shape and line.split()[:1] == [label] and line.split()[2:3] == ["us"]:
+                    times.setdefault((shape, label), []).append(float(line.split()[1]))
+    print("each build in its own process; us in list order / reversed order")
+    for shape in shapes:
+        print(shape)
+        for label in variants:
+            print(f"  {label:16s} " + " / ".join(f"{t:.1f}" for t in times.get((shape, label), [])))
+
+
+if "--apart" in sys.argv:
+    apart()
+    sys.exit(0)
 
 
 class WithKnobs:
