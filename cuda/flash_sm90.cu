@@ -1207,7 +1207,8 @@ __global__ void __launch_bounds__(f90::NTHREADS, XR == f90::XR_ONLY ? 2 : 1) kdt
     }
     bar_sync(BAR_STATS, NTHREADS);
     constexpr bool ROW_STORES = KDTR_F90_ROW_STORES && MAIN && !XR;  // XR keeps O^T in a stage: direct stores
-    if (ROW_STORES && !direct) {
+    const bool staged = ROW_STORES && !direct;  // partials go out as row pieces; out (one split) from registers
+    if (staged) {
       // fp32 partials staged in the KV stages (every tile is done) and written a row piece per warp store:
       // 512 bytes, 4 whole lines, where a thread's own stores write 32 bytes of each of 8 rows
       constexpr int PIECE = 128, PITCH = PIECE + 8;  // columns a pass; floats a staged row (+8: conflict-free float2)
@@ -1234,7 +1235,7 @@ __global__ void __launch_bounds__(f90::NTHREADS, XR == f90::XR_ONLY ? 2 : 1) kdt
       }
     }
 #pragma unroll
-    for (int h = 0; h < (MAIN && !(ROW_STORES && !direct) ? 2 : 0); ++h) {
+    for (int h = 0; h < (MAIN && !staged ? 2 : 0); ++h) {
       const int rl = ww * 16 + g + 8 * h, r = r0 + rl;
       if (r >= R) continue;
       const float inv = stats[rl];

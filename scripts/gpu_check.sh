@@ -496,7 +496,7 @@ for mode in "${@:-check}"; do
       grep -E "CTAs, |^  (producer|consumer|per CTA)|prologue|launch" "$LOGS/qs_profile.log" | cut -c1-220 | head -n 60 >>"$SUMMARY"
       ;;
     noop)  # session 20: how far apart builds of the same code time: the shipped build against three compiled with an unused
-           # -D (their own cache entries; the SASS of the 64-row builds identical, XR_ONLY's up to operand order)
+           # -D (their own cache entries and modules; the cubins byte-identical on the H200: `placement`, run 7)
       stage noop_ablate timeout 400 python3 scripts/sm90_ablate.py partials base= noop1=-DKDTR_NOOP=1 noop2=-DKDTR_NOOP=2 \
         base2= noop3=-DKDTR_NOOP=3
       grep -v Warn "$LOGS/noop_ablate.log" | tail -n 75 >>"$SUMMARY"

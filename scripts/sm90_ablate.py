@@ -77,8 +77,8 @@ SHAPES = {
     "sweep": bench.grid(**BENCH_GRIDS["compute"]) + bench.grid(**BENCH_GRIDS["memory"]),
     # the prologue's Q load (session 19): the 64-row B1 launches whose prologue is a large part
     "qload": (bench.grid(["kimi-k2"], [8], [4, 8], [32768, 131072], [1]) + bench.grid(["deepseek-v3"], [8], [64], [8192, 32768], [1])),
-    # partial rows in the output's type (session 20, -DKDTR_PARTIAL_AS_OUT): the split launches whose partials'
-    # round trip is a large part (B1 decode, the small compute shapes) and a batch
+    # the splits' partials round trip (session 20: bf16 partials on branch wip/partials-as-out, the row stores, the
+    # no-op builds): the split launches where it is a large part (B1 decode, the small compute shapes) and a batch
     "partials": (bench.grid(["kimi-k2"], [8], [0, 4, 8], [32768, 131072], [1]) + bench.grid(["kimi-k2"], [8], [8], [32768], [32])
                  + bench.grid(["deepseek-v3"], [8], [64], [8192, 32768], [1]) + bench.grid(["deepseek-v3"], [8], [64], [8192], [8])
                  + bench.grid(["deepseek-v3"], [8], [256], [8192], [1])),
