@@ -91,7 +91,10 @@
 //   issued before P(i) is handed over (with 3+ stages: what the 99 KB cap costs, docs/PERF.md session 19); KDTR_F90_Q_SKIP=N:
 //   only Q's chunks 4 (m % N) + tq loaded, the rest repeated (timing only, wrong results: does Q's load gate the
 //   first S? docs/PERF.md session 20); KDTR_F90_ROW_STORES=0: the split partials stored from registers
-//   (the A/B of session 20); KDTR_COMBINE_BATCH=N:
+//   (the A/B of session 20); KDTR_F90_RESCALE_TAU=t: a row's running max kept unless a tile's exceeds it by more
+//   than t (log2 units), so O is rescaled rarely (t = 8: DeepSeek T65 P8k B1 5 % faster, but ci fails: the row's
+//   largest P is no longer exactly 1; session 21); KDTR_F90_HALF_RESCALE=1: the rescale of O voted per 8 rows
+//   instead of 16 (same bits; faster where the max moves often, slower where it rarely does; session 21); KDTR_COMBINE_BATCH=N:
 //   the combine launch's partial rows in flight per warp (9 here; the A/B of session 14).
 
 #include <cuda_bf16.h>
@@ -144,6 +147,17 @@ constexpr bool TMA = true;
 // Experiment: S(i+1) issued before P(i) is handed over, so that it runs ahead of P V(i) on the tensor pipe and
 // softmax(i+1) under P V(i); with 2 stages tile i+1 must then land before P V(i) starts (docs/PERF.md, session 19)
 constexpr bool S_FIRST = KDTR_F90_S_FIRST;
+#ifndef KDTR_F90_RESCALE_TAU
+#define KDTR_F90_RESCALE_TAU 0
+#endif
+// Experiment: a row's running maximum (log2 units) moves only when a tile's exceeds it by more than TAU, so P <= 2^TAU
+// and O is rescaled (by the consumers) rarely; the result is the same math (l and lse follow the kept maximum)
+constexpr float RESCALE_TAU = KDTR_F90_RESCALE_TAU;
+#ifndef KDTR_F90_HALF_RESCALE
+#define KDTR_F90_HALF_RESCALE 0
+#endif
+// Experiment: the consumers vote on the rescale of O per half of a warp's 16 rows (8 rows each) instead of all 16
+constexpr bool HALF_RESCALE = KDTR_F90_HALF_RESCALE;
 constexpr int TMA_BOX_COLS = 64;                // a TMA box: 64 columns (one 128-byte swizzle row) x BN keys
 constexpr int TMA_BOX_SLABS = KDTR_DK / TMA_BOX_COLS;  // x all 9 slabs: one box is one whole tile
 
@@ -850,7 +864,8 @@ __global__ void __launch_bounds__(f90::NTHREADS, XR == f90::XR_ONLY ? 2 : 1) kdt
           for (int j = 0; j < 4; j += 2)
             mx = fmaxf(mx, fmaxf(fmaxf(s[4 * j + 2 * h], s[4 * j + 2 * h + 1]),
                                  fmaxf(s[4 * j + 4 + 2 * h], s[4 * j + 5 + 2 * h])));
-          const float m_new = fmaxf(m_run[h], kdtr::warp_max<4>(mx * sc));
+          float m_new = fmaxf(m_run[h], kdtr::warp_max<4>(mx * sc));
+          if (RESCALE_TAU > 0.f) m_new = m_new > m_run[h] + RESCALE_TAU ? m_new : m_run[h];  // stale within TAU
           const float m_use = m_new == kdtr::neg_inf() ? 0.f : m_new;
           // alpha = c and psum = the row's sum below, written as products: that is the form timed in
           // session 5 (run 5); the plain form compiles to a differently scheduled kernel (cuobjdump)
@@ -1114,7 +1129,18 @@ __global__ void __launch_bounds__(f90::NTHREADS, XR == f90::XR_ONLY ? 2 : 1) kdt
       bar_sync(BAR_P_FULL + stage, NTHREADS);
       laps.lap(0);
       const float a0 = MAIN ? alpha_s[stage * ROWS + ww * 16 + g] : 1.f, a1 = MAIN ? alpha_s[stage * ROWS + ww * 16 + g + 8] : 1.f;
-      if (MAIN && __any_sync(0xffffffffu, a0 != 1.f || a1 != 1.f)) {  // the max rarely moves late
+      if (MAIN && HALF_RESCALE) {  // each half of the warp's rows (g and g + 8) voted on alone: fewer rescales
+        if (__any_sync(0xffffffffu, a0 != 1.f)) {
+#pragma unroll
+          for (int e = 0; e < O_REGS; ++e)
+            if (!(e & 2)) acc[e] *= a0;
+        }
+        if (__any_sync(0xffffffffu, a1 != 1.f)) {
+#pragma unroll
+          for (int e = 0; e < O_REGS; ++e)
+            if (e & 2) acc[e] *= a1;
+        }
+      } else if (MAIN && __any_sync(0xffffffffu, a0 != 1.f || a1 != 1.f)) {  // the max rarely moves late
 #pragma unroll
         for (int e = 0; e < O_REGS; ++e) acc[e] *= (e & 2) ? a1 : a0;
       }

@@ -44,6 +44,10 @@
 #   loadorder: the same builds as noop in another load order, with the register stores between them
 #   rowstores: the row stores (the default) against the register stores, each build its own process; ci, tests, sanitizers
 #   placement: cubin md5s of fresh compiles (scripts/build_hashes.py), the shipped build's speed over reloads (reload_spread.py)
+#   tau   : the running maximum kept within TAU (-DKDTR_F90_RESCALE_TAU=8): ci with margins, timings each build apart
+#   halfrescale: O's rescale voted per half warp (-DKDTR_F90_HALF_RESCALE=1): ci, bits against the plain build, timings, profile
+#   reload: the shipped build's modules loaded afresh $RELOADS times (default 12) in one process, each load timed
+#   reloaddata: the same, one load of the modules and the inputs placed anew each round (reload_spread.py --data)
 #   clusters: thread-block clusters of flash-sm90's main build that fit at once, by cluster size
 #   speed : is an SM's streaming rate its own, and when do XR_ONLY's first tiles land (scripts/sm_speed.py)
 #   promotion: the cache map's L2 promotion: ci, flash-sm90's GPU tests, the compute and memory sets
@@ -121,6 +125,11 @@ sanitize_ci() {  # sanitize_ci KERNEL...: memcheck and racecheck on the ci suite
   for f in "$LOGS"/san_*.log; do tail -n 1 "$f" | sed "s|^ *|$(basename "$f" .log): |" >>"$SUMMARY"; done
   cp "$LOGS"/san_*.json "$OUT/" 2>/dev/null
   tar -czf "$OUT/logs.tgz" -C "$LOGS" .
+}
+
+reload_spread() {  # reload_spread K [--data]: the shipped build's modules (or inputs) placed anew K times in one process
+  stage reload_spread timeout 400 python3 scripts/reload_spread.py "$@"
+  grep -v Warn "$LOGS/reload_spread.log" | tail -n $(($1 + 3)) >>"$SUMMARY"
 }
 
 long_flash() {  # generate the long suite (CPU reference), verify flash-sm90 and flash on it
@@ -516,11 +525,31 @@ for mode in "${@:-check}"; do
       tail -n 2 "$LOGS/pytest_sm90.log" >>"$SUMMARY"
       sanitize_ci flash-sm90
       ;;
+    tau)  # session 21: the running maximum kept within TAU (-DKDTR_F90_RESCALE_TAU): ci and margins, then each build apart
+      stage knob_verify timeout 200 python3 scripts/knob_verify.py tau2=-DKDTR_F90_RESCALE_TAU=2 tau1=-DKDTR_F90_RESCALE_TAU=1
+      grep -v Warn "$LOGS/knob_verify.log" | tail -n 6 >>"$SUMMARY"
+      stage apart_ablate timeout 400 python3 scripts/sm90_ablate.py partials --apart base= tau1=-DKDTR_F90_RESCALE_TAU=1 \
+        tau2=-DKDTR_F90_RESCALE_TAU=2 tau3=-DKDTR_F90_RESCALE_TAU=3 tau8=-DKDTR_F90_RESCALE_TAU=8
+      grep -v Warn "$LOGS/apart_ablate.log" | tail -n 70 >>"$SUMMARY"
+      ;;
+    halfrescale)  # session 21: the consumers' rescale voted per half warp (-DKDTR_F90_HALF_RESCALE=1): ci, the same bits, each build apart, profile
+      stage knob_verify timeout 200 python3 scripts/knob_verify.py --bits half=-DKDTR_F90_HALF_RESCALE=1
+      grep -v Warn "$LOGS/knob_verify.log" | tail -n 4 >>"$SUMMARY"
+      stage apart_ablate timeout 300 python3 scripts/sm90_ablate.py partials --apart base= half=-DKDTR_F90_HALF_RESCALE=1
+      grep -v Warn "$LOGS/apart_ablate.log" | tail -n 40 >>"$SUMMARY"
+      stage knob_profile timeout 200 python3 scripts/f90_profile.py small base= half=-DKDTR_F90_HALF_RESCALE=1
+      grep -A2 "cycles per tile" "$LOGS/knob_profile.log" | grep -v "^--" >>"$SUMMARY"
+      ;;
     placement)  # session 20: are the builds byte-identical compile to compile here, and does a reload move their speed?
       stage build_hashes timeout 200 python3 scripts/build_hashes.py 3
       grep -v Warn "$LOGS/build_hashes.log" | tail -n 6 >>"$SUMMARY"
-      stage reload_spread timeout 200 python3 scripts/reload_spread.py 6
-      grep -v Warn "$LOGS/reload_spread.log" | tail -n 4 >>"$SUMMARY"
+      reload_spread 6
+      ;;
+    reload)  # session 21: the shipped build's speed over true reloads of its modules (scripts/reload_spread.py)
+      reload_spread "${RELOADS:-12}"
+      ;;
+    reloaddata)  # session 21: the same over new placements of the inputs and workspace, one load of the modules
+      reload_spread "${RELOADS:-12}" --data
       ;;
     capsweep)  # session 19: the whole sweep with the 99 KB cap lifted (3 and 4 stages, S first) against the shipped build
       stage cap_sweep timeout 560 python3 scripts/sm90_ablate.py sweep base= \

@@ -9,8 +9,8 @@ builds first, `knobs` scripts/knob_verify.py).
     python3 scripts/sm90_ablate.py [SHAPES] [--apart] [LABEL=OPTS ...]   e.g. s3="-DKDTR_F90_STAGES=3 -DKDTR_F90_EXPERIMENT"
 
 --apart times each build in a process of its own (twice, the second time in reverse order): within one process the
-first build loaded is not on equal terms with the others (docs/PERF.md, session 20; the code-placement effect that
-remains is described there).
+first build timed is not on equal terms with the others on Kimi decode (docs/PERF.md, session 20; session 21 found
+it is neither where the code nor where the inputs land).
 
 OPTS may also hold kdtr/knobs.py variables (NAME=VALUE words, e.g. s48="KDTR_FLASH_SPLITS=48"): they are
 set only while that variant's launch is planned, so one process times the plan's choice beside forced ones.
@@ -100,8 +100,8 @@ variants = dict(a.split("=", 1) for a in sys.argv[1:] if "=" in a) or DEFAULT
 def apart() -> None:
     """--apart: each build timed in a process of its own, in list order and then reversed. In one process the
     build loaded first times 1-2 us apart from byte-identical builds loaded after it on Kimi decode (docs/PERF.md,
-    session 20); here each build is its process's first. What remains is where its code lands, which moves with
-    the sizes of the modules loaded before it: a Kimi decode difference of 1-2 us is still not evidence alone."""
+    session 20); here each build is its process's first. Code and input placement do not move it (session 21:
+    84 module loads and 16 input placements, one state)."""
     times: dict[tuple[str, str], list[float]] = {}
     shapes: list[str] = []
     for order in (list(variants.items()), list(variants.items())[::-1]):

@@ -199,6 +199,8 @@ EXPERIMENT_BUILDS = {  # cuda/flash_sm90.cu's documented -D knobs (its header): 
     "s-first-stages3": ("-DKDTR_F90_S_FIRST=1", "-DKDTR_F90_STAGES=3", "-DKDTR_F90_EXPERIMENT"),
     "q-skip": ("-DKDTR_F90_Q_SKIP=1",),
     "thread-stores": ("-DKDTR_F90_ROW_STORES=0",),
+    "rescale-tau8": ("-DKDTR_F90_RESCALE_TAU=8",),
+    "half-rescale": ("-DKDTR_F90_HALF_RESCALE=1",),
     "profile": ("-DKDTR_F90_PROFILE",),
     "combine-batch-8": ("-DKDTR_COMBINE_BATCH=8",),
 }
