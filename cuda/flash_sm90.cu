@@ -94,10 +94,7 @@
 //   (the A/B of session 20); KDTR_F90_RESCALE_TAU=t: a row's running max kept unless a tile's exceeds it by more
 //   than t (log2 units), so O is rescaled rarely (t = 8: DeepSeek T65 P8k B1 5 % faster, but ci fails: the row's
 //   largest P is no longer exactly 1; session 21); KDTR_F90_HALF_RESCALE=1: the rescale of O voted per 8 rows
-//   instead of 16 (same bits; faster where the max moves often, slower where it rarely does; session 21);
-//   KDTR_F90_EARLY_ALPHA=1: the 64 rows' rescale factors handed over by an mbarrier per stage as soon as their maxima
-//   are known, so the consumers rescale O before "P full" (same bits; Kimi T9 B32, the XR build, 3 % faster,
-//   the 64-row DeepSeek shapes 1-2 % slower; session 21); KDTR_COMBINE_BATCH=N:
+//   instead of 16 (same bits; faster where the max moves often, slower where it rarely does; session 21); KDTR_COMBINE_BATCH=N:
 //   the combine launch's partial rows in flight per warp (9 here; the A/B of session 14).
 
 #include <cuda_bf16.h>
@@ -161,12 +158,6 @@ constexpr float RESCALE_TAU = KDTR_F90_RESCALE_TAU;
 #endif
 // Experiment: the consumers vote on the rescale of O per half of a warp's 16 rows (8 rows each) instead of all 16
 constexpr bool HALF_RESCALE = KDTR_F90_HALF_RESCALE;
-#ifndef KDTR_F90_EARLY_ALPHA
-#define KDTR_F90_EARLY_ALPHA 0
-#endif
-// Experiment: the producer hands the 64 rows' rescale factors over as soon as their maxima are known (an mbarrier per
-// stage), so the consumers rescale O while it computes P, not between "P full" and P V's issue
-constexpr bool EARLY_ALPHA = KDTR_F90_EARLY_ALPHA;
 constexpr int TMA_BOX_COLS = 64;                // a TMA box: 64 columns (one 128-byte swizzle row) x BN keys
 constexpr int TMA_BOX_SLABS = KDTR_DK / TMA_BOX_COLS;  // x all 9 slabs: one box is one whole tile
 
@@ -206,9 +197,7 @@ struct Smem {                                   // byte offsets into dynamic sha
   static constexpr int bars = (count + 4 + 7) & ~7;                 // u64 [STAGES] mbarriers: a TMA tile of the stage landed
   static constexpr int xmax = XMAX_ALIASED ? stats : bars + STAGES * 8;  // float [STAGES][2][XR_MAX]: S^T's two warps' row
                                                                     // maxima; before stats is written (producer warps 0-1)
-  static constexpr int abars = bars + STAGES * 8 + (XMAX_ALIASED ? 0 : STAGES * 2 * XR_MAX * 4);  // u64 [STAGES]
-                                                                    // mbarriers: the stage's alpha written (EARLY_ALPHA)
-  static constexpr int bytes = abars + (EARLY_ALPHA ? STAGES * 8 : 0);
+  static constexpr int bytes = bars + STAGES * 8 + (XMAX_ALIASED ? 0 : STAGES * 2 * XR_MAX * 4);
 };
 static_assert(Smem::qx % 1024 == 0 && Smem::qrope % 1024 == 0, "swizzled operands start on a 1 KB swizzle atom");
 static_assert(MAX_TAIL_TILES * 4 <= STAGES * ROWS * 4, "the live flags fit the alpha they alias");
@@ -405,9 +394,6 @@ __device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
 __device__ __forceinline__ void mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
 __device__ __forceinline__ void mbar_expect_tx(unsigned bar, unsigned bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(unsigned bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
 __device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
   asm volatile(
@@ -655,7 +641,6 @@ __global__ void __launch_bounds__(f90::NTHREADS, XR == f90::XR_ONLY ? 2 : 1) kdt
   if (base & 1023u) __trap();                   // the hardware gives it (no static shared memory); stop loudly if not
   if (SEGMENTS && !work) __trap();              // segments need their work table (others ignore `work`)
   const unsigned bars = base + Smem::bars;      // u64 mbarrier of stage st at bars + 8 st
-  const unsigned abars = base + Smem::abars;    // EARLY_ALPHA: u64 mbarrier of stage st's alpha at abars + 8 st
   CtaPhases phases;
   phases.start();
   kdtr::pdl_launch_dependents();  // the combine launch may take SMs as they free up; it waits for this grid
@@ -699,8 +684,6 @@ __global__ void __launch_bounds__(f90::NTHREADS, XR == f90::XR_ONLY ? 2 : 1) kdt
   if (!CONSUMER_SCAN) {
     if (tid == 0) {
       for (int st = 0; st < STAGES; ++st) mbar_init(bars + st * 8, 1);
-      if (EARLY_ALPHA)
-        for (int st = 0; st < STAGES; ++st) mbar_init(abars + st * 8, 128);  // every producer thread arrives
       mbar_init_fence();
     }
     n_tiles_block = find_tail_tiles<NTHREADS, BUG>(mask_b, r0, r_end, H, W, has_tail, n_pre, tid, tid == 0, live, tail_tiles,
@@ -874,45 +857,8 @@ __global__ void __launch_bounds__(f90::NTHREADS, XR == f90::XR_ONLY ? 2 : 1) kdt
           }
         }  // else a full prefix tile: every key visible
         float psum[2] = {0.f, 0.f};
-        if (EARLY_ALPHA) {  // the maxima and alpha first, handed over, then P
-          float m_use[2];
 #pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            float mx = kdtr::neg_inf();
-#pragma unroll
-            for (int j = 0; j < 4; j += 2)
-              mx = fmaxf(mx, fmaxf(fmaxf(s[4 * j + 2 * h], s[4 * j + 2 * h + 1]),
-                                   fmaxf(s[4 * j + 4 + 2 * h], s[4 * j + 5 + 2 * h])));
-            float m_new = fmaxf(m_run[h], kdtr::warp_max<4>(mx * sc));
-            if (RESCALE_TAU > 0.f) m_new = m_new > m_run[h] + RESCALE_TAU ? m_new : m_run[h];
-            m_use[h] = m_new == kdtr::neg_inf() ? 0.f : m_new;
-            alpha[h] = ex2(m_run[h] - m_use[h]);  // 0 while nothing was seen: O and l are still zero
-            m_run[h] = m_new;
-          }
-          // alpha(i)'s slots were last read by the consumers before "P full"(i - STAGES + 1), which this thread passed
-          if (tq == 0) {
-            alpha_s[stage * ROWS + ww * 16 + g] = alpha[0];
-            alpha_s[stage * ROWS + ww * 16 + g + 8] = alpha[1];
-          }
-          mbar_arrive(abars + stage * 8);
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {  // as below: the same sums in the same order (the same bits)
-            float sum = 0.f;
-#pragma unroll
-            for (int j = 0; j < 4; j += 2) {
-              float q[4];
-#pragma unroll
-              for (int k = 0; k < 4; ++k) {
-                const int e = 4 * (j + (k >> 1)) + 2 * h + (k & 1);
-                q[k] = s[e] = ex2(fmaf(s[e], sc, -m_use[h]));
-              }
-              sum += (q[0] + q[1]) + (q[2] + q[3]);
-            }
-            psum[h] = sum;
-          }
-        }
-#pragma unroll
-        for (int h = 0; h < (EARLY_ALPHA ? 0 : 2); ++h) {  // row half h holds e = 4 j + 2 h + {0, 1}, j = 0..3
+        for (int h = 0; h < 2; ++h) {  // row half h holds e = 4 j + 2 h + {0, 1}, j = 0..3
           float mx = kdtr::neg_inf();
 #pragma unroll
           for (int j = 0; j < 4; j += 2)
@@ -984,7 +930,7 @@ __global__ void __launch_bounds__(f90::NTHREADS, XR == f90::XR_ONLY ? 2 : 1) kdt
           const int row = ww * 16 + g + 8 * ((e >> 1) & 1), j = e >> 2;
           st_shared_u32(pb + ((row >> 3) * 4 + j) * 128 + (row & 7) * 16 + tq * 4, pack_bf16(s[e], s[e + 1]));
         }
-        if (MAIN && !EARLY_ALPHA && tq == 0) {
+        if (MAIN && tq == 0) {
           alpha_s[stage * ROWS + ww * 16 + g] = alpha[0];
           alpha_s[stage * ROWS + ww * 16 + g + 8] = alpha[1];
         }
@@ -1068,8 +1014,6 @@ __global__ void __launch_bounds__(f90::NTHREADS, XR == f90::XR_ONLY ? 2 : 1) kdt
     const int n_early = CONSUMER_SCAN ? min(STAGES, n_tma) : 0;  // tiles 0 .. n_early - 1 leave before the scan
     if (CONSUMER_SCAN && tid == 128) {
       for (int st = 0; st < STAGES; ++st) mbar_init(bars + st * 8, 1);
-      if (EARLY_ALPHA)
-        for (int st = 0; st < STAGES; ++st) mbar_init(abars + st * 8, 128);  // every producer thread arrives
       mbar_init_fence();
       CtaPhases::step(0);
       for (int t = 0; t < n_early; ++t) {  // tile t's keys kp_lo + 32 t ..: one page (TMA tiles)
@@ -1182,18 +1126,9 @@ __global__ void __launch_bounds__(f90::NTHREADS, XR == f90::XR_ONLY ? 2 : 1) kdt
     for (int i = 0; i < n_tiles; ++i) {
       const int stage = i % STAGES;  // KV stage and P buffer of tile i
       if (S_FIRST) announce_next(i);  // the producer issues S(i+1) before P full(i)
-      if (EARLY_ALPHA && MAIN) {  // O (P V(i-1) waited for) rescaled while the producer computes P(i)
-        mbar_wait(abars + stage * 8, (i / STAGES) & 1);
-        const float a0 = alpha_s[stage * ROWS + ww * 16 + g], a1 = alpha_s[stage * ROWS + ww * 16 + g + 8];
-        if (__any_sync(0xffffffffu, a0 != 1.f || a1 != 1.f)) {
-#pragma unroll
-          for (int e = 0; e < O_REGS; ++e) acc[e] *= (e & 2) ? a1 : a0;
-        }
-      }
       bar_sync(BAR_P_FULL + stage, NTHREADS);
       laps.lap(0);
-      const float a0 = MAIN && !EARLY_ALPHA ? alpha_s[stage * ROWS + ww * 16 + g] : 1.f,
-                  a1 = MAIN && !EARLY_ALPHA ? alpha_s[stage * ROWS + ww * 16 + g + 8] : 1.f;
+      const float a0 = MAIN ? alpha_s[stage * ROWS + ww * 16 + g] : 1.f, a1 = MAIN ? alpha_s[stage * ROWS + ww * 16 + g + 8] : 1.f;
       if (MAIN && HALF_RESCALE) {  // each half of the warp's rows (g and g + 8) voted on alone: fewer rescales
         if (__any_sync(0xffffffffu, a0 != 1.f)) {
 #pragma unroll

@@ -46,7 +46,6 @@
 #   placement: cubin md5s of fresh compiles (scripts/build_hashes.py), the shipped build's speed over reloads (reload_spread.py)
 #   tau   : the running maximum kept within TAU (-DKDTR_F90_RESCALE_TAU=8): ci with margins, timings each build apart
 #   halfrescale: O's rescale voted per half warp (-DKDTR_F90_HALF_RESCALE=1): ci, bits against the plain build, timings, profile
-#   earlyalpha: O's rescale factors handed over before P (-DKDTR_F90_EARLY_ALPHA=1): ci, bits, timings, profile
 #   reload: the shipped build's modules loaded afresh $RELOADS times (default 12) in one process, each load timed
 #   reloaddata: the same, one load of the modules and the inputs placed anew each round (reload_spread.py --data)
 #   clusters: thread-block clusters of flash-sm90's main build that fit at once, by cluster size
@@ -539,14 +538,6 @@ for mode in "${@:-check}"; do
       stage apart_ablate timeout 300 python3 scripts/sm90_ablate.py partials --apart base= half=-DKDTR_F90_HALF_RESCALE=1
       grep -v Warn "$LOGS/apart_ablate.log" | tail -n 40 >>"$SUMMARY"
       stage knob_profile timeout 200 python3 scripts/f90_profile.py small base= half=-DKDTR_F90_HALF_RESCALE=1
-      grep -A2 "cycles per tile" "$LOGS/knob_profile.log" | grep -v "^--" >>"$SUMMARY"
-      ;;
-    earlyalpha)  # session 21: the rescale factors handed over before P (-DKDTR_F90_EARLY_ALPHA=1): ci, the same bits, timings, profile
-      stage knob_verify timeout 200 python3 scripts/knob_verify.py --bits early=-DKDTR_F90_EARLY_ALPHA=1
-      grep -v Warn "$LOGS/knob_verify.log" | tail -n 4 >>"$SUMMARY"
-      stage apart_ablate timeout 300 python3 scripts/sm90_ablate.py partials --apart base= early=-DKDTR_F90_EARLY_ALPHA=1
-      grep -v Warn "$LOGS/apart_ablate.log" | tail -n 40 >>"$SUMMARY"
-      stage knob_profile timeout 200 python3 scripts/f90_profile.py small base= early=-DKDTR_F90_EARLY_ALPHA=1
       grep -A2 "cycles per tile" "$LOGS/knob_profile.log" | grep -v "^--" >>"$SUMMARY"
       ;;
     placement)  # session 20: are the builds byte-identical compile to compile here, and does a reload move their speed?

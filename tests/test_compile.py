@@ -201,7 +201,6 @@ EXPERIMENT_BUILDS = {  # cuda/flash_sm90.cu's documented -D knobs (its header): 
     "thread-stores": ("-DKDTR_F90_ROW_STORES=0",),
     "rescale-tau8": ("-DKDTR_F90_RESCALE_TAU=8",),
     "half-rescale": ("-DKDTR_F90_HALF_RESCALE=1",),
-    "early-alpha": ("-DKDTR_F90_EARLY_ALPHA=1",),
     "profile": ("-DKDTR_F90_PROFILE",),
     "combine-batch-8": ("-DKDTR_COMBINE_BATCH=8",),
 }
