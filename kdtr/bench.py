@@ -100,16 +100,24 @@ class Row:
     """One per implementation, in the order given."""
 
 
+def device_problem(spec: CaseSpec, seed: int = 0):
+    """The shape's layout on the GPU with fresh random q and cache drawn from ``seed`` (bench inputs, never zeros):
+    what every timing of a shape runs on."""
+    from kdtr.launch import DeviceProblem
+
+    dp = DeviceProblem(build_problem(spec, values=False)[0], spec.out_dtype)
+    dp.randomize(seed)
+    return dp
+
+
 def bench_shape(spec: CaseSpec, impls: list, peaks: dict, seed: int = 0, check: bool = True, time_kw=None) -> Row:
     """Check, then time every implementation on one shape (all on the same device inputs)."""
     from kdtr.compare import compare
-    from kdtr.launch import DeviceProblem
     from kdtr.timing import l2_flush_bytes, time_launcher
     from kdtr.tolerances import default
 
-    layout, _ = build_problem(spec, values=False)
-    dp = DeviceProblem(layout, spec.out_dtype)
-    dp.randomize(seed)
+    dp = device_problem(spec, seed)
+    layout = dp.problem
     flops, nbytes = visible_flops(layout.prefix_lens, layout.tree_depth, layout.H), min_bytes(layout, spec.out_dtype)
     roof = roofline_ms(flops, nbytes, peaks)
     bound = "compute" if flops / (peaks["gemm_tflops"] * 1e12) > nbytes / (peaks["copy_gbs"] * 1e9) else "memory"

@@ -19,8 +19,7 @@ import sys
 import numpy as np
 
 from kdtr import bench, kernels
-from kdtr.cases import build_problem
-from kdtr.launch import DeviceProblem, _cupy, device_info, make_launcher
+from kdtr.launch import _cupy, device_info, make_launcher
 from kdtr.timing import _HOLD, cold_run, l2_flush_bytes
 
 cp = _cupy()
@@ -132,9 +131,7 @@ REPEAT = 3
 for label, opts in variants.items():
     kernel = kernels.flash90_build(label, "-DKDTR_F90_PROFILE " + opts)
     for spec in specs:
-        layout, _ = build_problem(spec, values=False)
-        dp = DeviceProblem(layout, spec.out_dtype)
-        dp.randomize(0)
+        dp = bench.device_problem(spec)
         steps, ws, splits = kernel.steps(dp)
         go = make_launcher(dp, steps, ws, splits)
         go()  # warm-up: clocks, caches

@@ -22,13 +22,9 @@ BITS_SHAPES = (bench.grid(["deepseek-v3"], [8], [64], [8192], [1, 8]) + bench.gr
 
 def differing_bits(kernel) -> str:
     """Output elements (out, lse) of ``kernel`` whose bits differ from the plain build's, per BITS_SHAPES shape."""
-    from kdtr.cases import build_problem
-    from kdtr.launch import DeviceProblem
-
     plain, cells = kernels.flash90_build("plain"), []
     for spec in BITS_SHAPES:
-        dp = DeviceProblem(build_problem(spec, values=False)[0], spec.out_dtype)
-        dp.randomize(1)
+        dp = bench.device_problem(spec, seed=1)
         a, b = plain.run_on(dp), kernel.run_on(dp)
         n = int(np.sum(a.out.view(np.uint32) != b.out.view(np.uint32)) + np.sum(a.lse.view(np.uint32) != b.lse.view(np.uint32)))
         cells.append(f"{spec.name.split('-pg')[0]}: {n}")

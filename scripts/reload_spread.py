@@ -8,7 +8,7 @@ first, and every module stays loaded, so each round's code lands somewhere new.
 
 --data: the other half of the question. One load of the modules, and each round new device inputs instead, behind a
 padding allocation of another size (all kept), so the inputs and the workspace move while the code stays; the
-round's line adds where the small inputs and the workspace sit (MB offset within a 2 MB page, and the page).
+round's line adds where the small inputs and the workspace sit (the 2 MB page, and the KB offset in it).
 
 Why the copies: cupy memoizes RawModule by its path, so loading the same cached cubin path again returns the module
 already loaded. Session 20's run 8 (this script before) therefore timed one module K times, not K loads.
@@ -19,8 +19,6 @@ import tempfile
 from pathlib import Path
 
 from kdtr import bench, kernels, launch
-from kdtr.cases import build_problem
-from kdtr.launch import DeviceProblem
 from kdtr.timing import l2_flush_bytes, measure_peaks, time_launcher
 
 args = [a for a in sys.argv[1:] if not a.startswith("--")]
@@ -55,13 +53,7 @@ flush = l2_flush_bytes(peaks.get("l2_bytes"))
 
 
 def make_problems():
-    out = []
-    for spec in SPECS:
-        layout, _ = build_problem(spec, values=False)
-        dp = DeviceProblem(layout, spec.out_dtype)
-        dp.randomize(0)
-        out.append((spec, dp))
-    return out
+    return [(spec, bench.device_problem(spec)) for spec in SPECS]
 
 
 def where(a) -> str:

@@ -5,15 +5,11 @@
 import sys
 
 from kdtr import bench
-from kdtr.cases import build_problem
 from kdtr.kernels import resolve_kernel
-from kdtr.launch import DeviceProblem
 
 name, model, tp, budget, prefix, batch = sys.argv[1:7]
 spec = bench.grid([model], [int(tp)], [int(budget)], [int(prefix)], [int(batch)])[0]
-layout, _ = build_problem(spec, values=False)
-dp = DeviceProblem(layout, spec.out_dtype)
-dp.randomize(0)
+dp = bench.device_problem(spec)
 kernel = resolve_kernel(name)
 for _ in range(3):
     kernel.run_on(dp)

@@ -22,8 +22,7 @@ import os
 import numpy as np
 
 from kdtr import bench, kernels
-from kdtr.cases import build_problem
-from kdtr.launch import DeviceProblem, _cupy, device_info, make_launcher
+from kdtr.launch import _cupy, device_info, make_launcher
 from kdtr.timing import _HOLD, cold_run, l2_flush_bytes
 
 cp = _cupy()
@@ -218,9 +217,7 @@ kernel = kernels.flash90_build("prof", "-DKDTR_F90_PROFILE " + os.environ.get("S
 spec = bench.grid(["kimi-k2"], [8], [0], [131072], [1])[0]
 for splits in ("", str(2 * SMS)):
     os.environ["KDTR_FLASH_SPLITS"] = splits
-    layout, _ = build_problem(spec, values=False)
-    dp = DeviceProblem(layout, spec.out_dtype)
-    dp.randomize(0)
+    dp = bench.device_problem(spec)
     steps, ws, nsplit = kernel.steps(dp)
     go = make_launcher(dp, steps, ws, nsplit)
     go()

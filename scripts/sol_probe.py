@@ -9,9 +9,8 @@ is checked.
 import sys
 
 from kdtr import bench
-from kdtr.cases import build_problem
 from kdtr.kernels import resolve_kernel
-from kdtr.launch import DeviceProblem, _cupy, device_info
+from kdtr.launch import _cupy, device_info
 from kdtr.timing import l2_flush_bytes, time_launcher
 
 cp = _cupy()
@@ -55,9 +54,7 @@ for name in names:
     kernel = resolve_kernel(name)
     for model, budget, prefix, batch in shapes:
         spec = bench.grid([model], [8], [budget], [prefix], [batch])[0]
-        layout, _ = build_problem(spec, values=False)
-        dp = DeviceProblem(layout, spec.out_dtype)
-        dp.randomize(0)
+        dp = bench.device_problem(spec)
         go = kernel.prepare(dp)
         for m in ("write", "read"):
             us = time_launcher(go, flush_bytes=FLUSH, flush_mode=m)["median_ms"] * 1e3

@@ -8,9 +8,8 @@ import os
 import sys
 
 from kdtr import bench
-from kdtr.cases import build_problem
 from kdtr.kernels import resolve_kernel
-from kdtr.launch import DeviceProblem, make_launcher
+from kdtr.launch import make_launcher
 from kdtr.timing import time_launcher
 
 kernel = resolve_kernel(sys.argv[1] if len(sys.argv) > 1 else "flash-sm90")
@@ -26,9 +25,7 @@ FLUSH = 256 << 20
 print(f"{'shape':34s} {'splits':>6s} {'total us':>9s} {'main us':>8s} {'combine us':>10s}")
 for model, budget, prefix, batch, forced_splits in shapes:
     spec = bench.grid([model], [8], [budget], [prefix], [batch])[0]
-    layout, _ = build_problem(spec, values=False)
-    dp = DeviceProblem(layout, spec.out_dtype)
-    dp.randomize(0)
+    dp = bench.device_problem(spec)
     for forced in ("", *forced_splits):
         os.environ["KDTR_FLASH_SPLITS"] = forced
         steps, ws, splits = kernel.steps(dp)
