@@ -94,7 +94,10 @@
 //   (the A/B of session 20); KDTR_F90_RESCALE_TAU=t: a row's running max kept unless a tile's exceeds it by more
 //   than t (log2 units), so O is rescaled rarely (t = 8: DeepSeek T65 P8k B1 5 % faster, but ci fails: the row's
 //   largest P is no longer exactly 1; session 21); KDTR_F90_HALF_RESCALE=1: the rescale of O voted per 8 rows
-//   instead of 16 (same bits; faster where the max moves often, slower where it rarely does; session 21); KDTR_COMBINE_BATCH=N:
+//   instead of 16 (same bits; faster where the max moves often, slower where it rarely does; session 21);
+//   KDTR_PARTIAL_AS_OUT: with bf16 out, the split partials written and merged as bf16 (flash_split.cuh; 0.5-1.1 us off
+//   B1 launches, 1 % slower on DeepSeek T65 P8k B8, and the double rounding fails the bf16 check where splits are
+//   short: tests/test_emulate.py; session 22); KDTR_COMBINE_BATCH=N:
 //   the combine launch's partial rows in flight per warp (9 here; the A/B of session 14).
 
 #include <cuda_bf16.h>
@@ -701,6 +704,8 @@ __global__ void __launch_bounds__(f90::NTHREADS, XR == f90::XR_ONLY ? 2 : 1) kdt
   auto tma_tile = [&](int i) { return i < n_tma; };
   const bool direct = SEGMENTS ? cw.direct : nsplit == 1;
   float* ws_o = static_cast<float*>(p.workspace);
+  using PartT = kdtr::PartOf<OutT>;
+  PartT* ws_p = static_cast<PartT*>(p.workspace);  // the partial rows (fp32, or OutT: flash_split.cuh)
   // partial row of row r (its lse at ws_lse[prow], its out at ws_o + prow * 512); the uniform form is
   // written out from blockIdx here, as before segments, so that those builds compile as they did
   float* ws_lse = ws_o + (SEGMENTS ? cw.lse_off : (long long)p.B * nsplit * R * KDTR_DV);
@@ -1214,7 +1219,7 @@ __global__ void __launch_bounds__(f90::NTHREADS, XR == f90::XR_ONLY ? 2 : 1) kdt
     if (c == 0) laps.flush(PROF_CONSUMER, 5, n_tiles);
     phases.begin();
 
-    // ---- epilogue: out (one split) or fp32 partials (several; staged as row pieces where ROW_STORES) ----
+    // ---- epilogue: out (one split) or partials (several, fp32 by default; staged as row pieces where ROW_STORES) ----
     auto orow_of = [&](int r) {  // element offset of row r in out or in this split's partials
       return direct ? ((long long)b * R + r) * KDTR_DV : prow(r) * KDTR_DV;
     };
@@ -1256,8 +1261,8 @@ __global__ void __launch_bounds__(f90::NTHREADS, XR == f90::XR_ONLY ? 2 : 1) kdt
         }
         bar_sync(BAR_CONS, 256);
         for (int rl = ww; rl < BM && r0 + rl < R; rl += 4)  // warp ww: rows ww, ww + 4, ..
-          reinterpret_cast<float4*>(ws_o + orow_of(r0 + rl) + c * (KDTR_DV / 2) + pass * PIECE)[lane] =
-              reinterpret_cast<const float4*>(piece + rl * PITCH)[lane];
+          kdtr::store_part4(ws_p + orow_of(r0 + rl) + c * (KDTR_DV / 2) + pass * PIECE, lane,
+                            reinterpret_cast<const float4*>(piece + rl * PITCH)[lane]);
       }
     }
 #pragma unroll
@@ -1271,7 +1276,7 @@ __global__ void __launch_bounds__(f90::NTHREADS, XR == f90::XR_ONLY ? 2 : 1) kdt
         const int col = c * (KDTR_DV / 2) + j * 8 + 2 * tq;
         const float o0 = acc[4 * j + 2 * h] * inv, o1 = acc[4 * j + 2 * h + 1] * inv;
         if (direct) kdtr::store2<OutT>(static_cast<OutT*>(p.out) + orow + col, o0, o1);
-        else kdtr::store2<float>(ws_o + orow + col, o0, o1);
+        else kdtr::store2<PartT>(ws_p + orow + col, o0, o1);
       }
     }
     if (XR && has_x) {  // the transposed rows, two columns per thread and step
@@ -1280,7 +1285,7 @@ __global__ void __launch_bounds__(f90::NTHREADS, XR == f90::XR_ONLY ? 2 : 1) kdt
         const int n = idx / (KDTR_DV / 2), col = 2 * (idx % (KDTR_DV / 2)), r = xrow0 + n;
         const float inv = stats[BM + n], o0 = xs[n * KDTR_DV + col] * inv, o1 = xs[n * KDTR_DV + col + 1] * inv;
         if (direct) kdtr::store2<OutT>(static_cast<OutT*>(p.out) + orow_of(r) + col, o0, o1);
-        else kdtr::store2<float>(ws_o + orow_of(r) + col, o0, o1);
+        else kdtr::store2<PartT>(ws_p + orow_of(r) + col, o0, o1);
       }
     }
     if (c == 0) phases.epilogue_done();

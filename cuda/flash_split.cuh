@@ -142,20 +142,56 @@ struct NoMark {  // no timing hook (flash_sm90.cu's -DKDTR_F90_PROFILE passes on
   __device__ void operator()(int) const {}
 };
 
+// The element type of the partial out rows a kernel with output type OutT writes: fp32, or with
+// -DKDTR_PARTIAL_AS_OUT (experiment) the output's own type (bf16 out: half the bytes written and merged).
+// The workspace layout keeps fp32 room either way (the lse and counters stay where they are).
+template <typename OutT, bool AS_OUT>
+struct PartialPick {
+  using type = float;
+};
+template <typename OutT>
+struct PartialPick<OutT, true> {
+  using type = OutT;
+};
+#ifdef KDTR_PARTIAL_AS_OUT
+constexpr bool PARTIAL_AS_OUT = true;
+#else
+constexpr bool PARTIAL_AS_OUT = false;
+#endif
+template <typename OutT>
+using PartOf = typename PartialPick<OutT, PARTIAL_AS_OUT>::type;
+
+// Values 4 i .. 4 i + 3 of a partial row starting at src, as a float4 (src 16-byte aligned for fp32, 8 for bf16);
+// indexed from the row's start, as the fp32 merges always read it (their code unchanged by the bf16 form).
+__device__ __forceinline__ float4 load_part4(const float* src, int i) { return reinterpret_cast<const float4*>(src)[i]; }
+__device__ __forceinline__ float4 load_part4(const __nv_bfloat16* src, int i) {
+  const uint2 u = reinterpret_cast<const uint2*>(src)[i];
+  const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.x));
+  const float2 c = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.y));
+  return make_float4(a.x, a.y, c.x, c.y);
+}
+// ... and stored there from a float4 (the inverse; bf16 rounds to nearest even, as the output does).
+__device__ __forceinline__ void store_part4(float* dst, int i, float4 v) { reinterpret_cast<float4*>(dst)[i] = v; }
+__device__ __forceinline__ void store_part4(__nv_bfloat16* dst, int i, float4 v) {
+  const __nv_bfloat162 a = __floats2bfloat162_rn(v.x, v.y), c = __floats2bfloat162_rn(v.z, v.w);
+  reinterpret_cast<uint2*>(dst)[i] = make_uint2(*reinterpret_cast<const unsigned*>(&a), *reinterpret_cast<const unsigned*>(&c));
+}
+
 // Output row `row` of request b as the workspace holds it split by split (layout above): what merge_row
 // and merge_chunk_narrow read.
+template <typename PartT>
 struct RowPartials {
-  const float* ws_o;  // fp32 partial out [B, S, R, 512] (the workspace's start)
+  const PartT* ws_o;  // partial out [B, S, R, 512] (the workspace's start)
   const float* lse_r;  // this row's partial lse, split s at lse_r[s * R]
   long long b;
   int R, S, row;
   __device__ __forceinline__ RowPartials(const KdtrParams& p, int b_, int row_)
-      : ws_o(static_cast<const float*>(p.workspace)), b(b_), R(p.T * p.H), S(p.num_splits), row(row_) {
-    lse_r = ws_o + (long long)p.B * S * R * KDTR_DV + b * S * R + row;
+      : ws_o(static_cast<const PartT*>(p.workspace)), b(b_), R(p.T * p.H), S(p.num_splits), row(row_) {
+    lse_r = static_cast<const float*>(p.workspace) + (long long)p.B * S * R * KDTR_DV + b * S * R + row;
   }
   __device__ __forceinline__ float lse(int s) const { return lse_r[(long long)s * R]; }
-  __device__ __forceinline__ float4 chunk(int s, int c4) const {  // split s's float4 c4 of the row
-    return reinterpret_cast<const float4*>(ws_o + ((b * S + s) * R + row) * KDTR_DV)[c4];
+  __device__ __forceinline__ float4 chunk(int s, int c4) const {  // split s's values 4 c4 .. 4 c4 + 3 of the row
+    return load_part4(ws_o + ((b * S + s) * R + row) * KDTR_DV, c4);
   }
 };
 
@@ -172,7 +208,7 @@ __device__ __forceinline__ void merge_row(const KdtrParams& p, int row, int b, i
   const int R = p.T * p.H, S = p.num_splits;
   const int groups = cols / 128, group = warp % groups, warps_per_group = NWARPS / groups;
   float* mx = red + NWARPS * 129;  // red: [NWARPS][128 + 1] (+1: the warp's weight sum), then the warp maxima
-  const RowPartials part(p, b, row);
+  const RowPartials<PartOf<OutT>> part(p, b, row);
 
   const int c4 = (col0 + group * 128) / 4 + lane;  // this lane's float4 of a partial row
   // BATCH splits per warp and step, all their lse and row loads issued before any is used. An index
@@ -265,7 +301,7 @@ __device__ __forceinline__ void merge_chunk_narrow(const KdtrParams& p, int row,
   constexpr int NARROW_LANES = COLS / 4, STRIDE = WARPS * 32 / NARROW_LANES;  // lanes a partial row, splits a load
   const int R = p.T * p.H, S = p.num_splits, q = lane % NARROW_LANES;
   const int slot = warp * (32 / NARROW_LANES) + lane / NARROW_LANES;  // this thread's first split
-  const RowPartials part(p, b, row);
+  const RowPartials<PartOf<OutT>> part(p, b, row);
   const int c4 = chunk * NARROW_LANES + q;  // this lane's float4 of a partial row
   float m = NARROW_FLOOR, wsum = 0.f;  // a finite floor, not -inf: 2^(-inf - m) is then 0, never NaN
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -383,7 +419,7 @@ __device__ __forceinline__ void merge_in_kernel(const KdtrParams& p, int b, int 
 // partials in flight; half a row (PER_LANE 2), twice as many in the same registers. lse_out: written if not
 // null. ANY_S: S may pass 32 (the chunk loop costs ~20 registers, so callers with S <= 32 leave it out).
 template <typename OutT, bool ANY_S, int PER_LANE, int BATCH, typename Prow>
-__device__ __forceinline__ void merge_row_warp(const float* ws_o, const float* ws_lse, Prow prow, int S, OutT* out,
+__device__ __forceinline__ void merge_row_warp(const PartOf<OutT>* ws_o, const float* ws_lse, Prow prow, int S, OutT* out,
                                                float* lse_out, int lane, int col0) {
   static_assert(PER_LANE * BATCH == ROW_F4_PER_LANE * COMBINE_ROWS_BATCH, "the loads in flight a lane: 16 float4");
   const float l0 = lane < S ? ws_lse[prow(lane)] : neg_inf();
@@ -402,9 +438,9 @@ __device__ __forceinline__ void merge_row_warp(const float* ws_o, const float* w
       float4 x[BATCH][PER_LANE];
 #pragma unroll
       for (int k = 0; k < BATCH; ++k) {  // an index past S reads partial S - 1 again, with weight 0
-        const float4* src = reinterpret_cast<const float4*>(ws_o + prow(min(c0 + s0 + k, S - 1)) * KDTR_DV + col0);
+        const PartOf<OutT>* src = ws_o + prow(min(c0 + s0 + k, S - 1)) * KDTR_DV + col0;
 #pragma unroll
-        for (int j = 0; j < PER_LANE; ++j) x[k][j] = src[lane + 32 * j];
+        for (int j = 0; j < PER_LANE; ++j) x[k][j] = load_part4(src, lane + 32 * j);
       }
 #pragma unroll
       for (int k = 0; k < BATCH; ++k) {
@@ -445,9 +481,9 @@ __global__ void __launch_bounds__(32 * COMBINE_WARPS) kdtr_flash_combine_rows(co
   const int R = p.T * p.H, S = p.num_splits, b = blockIdx.y;
   const int row = blockIdx.x * COMBINE_WARPS + (threadIdx.x >> 5);
   if (row >= R) return;
-  const float* ws_o = static_cast<const float*>(p.workspace);
+  const float* ws = static_cast<const float*>(p.workspace);
   kdtr::merge_row_warp<OutT, false, ROW_F4_PER_LANE / PARTS, COMBINE_ROWS_BATCH * PARTS>(
-      ws_o, ws_o + (long long)p.B * S * R * KDTR_DV, [&](int s) { return ((long long)b * S + s) * R + row; }, S,
+      static_cast<const kdtr::PartOf<OutT>*>(p.workspace), ws + (long long)p.B * S * R * KDTR_DV, [&](int s) { return ((long long)b * S + s) * R + row; }, S,
       static_cast<OutT*>(p.out) + ((long long)b * R + row) * KDTR_DV,
       PARTS == 1 || blockIdx.z == 0 ? p.lse + (long long)b * R + row : nullptr, threadIdx.x & 31,
       PARTS == 1 ? 0 : blockIdx.z * (KDTR_DV / PARTS));
@@ -463,9 +499,9 @@ __global__ void __launch_bounds__(32 * COMBINE_WARPS) kdtr_flash_combine_jobs(co
   const int b = job[0], r0 = job[1], slot0 = job[2], S = job[3], rl = blockIdx.x * COMBINE_WARPS + (threadIdx.x >> 5);
   const int R = p.T * p.H, row = r0 + rl;
   if (rl >= ROWS || row >= R) return;
-  const float* ws_o = static_cast<const float*>(p.workspace);
+  const float* ws = static_cast<const float*>(p.workspace);
   kdtr::merge_row_warp<OutT, true, ROW_F4_PER_LANE, COMBINE_ROWS_BATCH>(
-      ws_o, ws_o + (long long)p.num_splits * ROWS * KDTR_DV, [&](int s) { return (long long)(slot0 + s) * ROWS + rl; }, S,
+      static_cast<const kdtr::PartOf<OutT>*>(p.workspace), ws + (long long)p.num_splits * ROWS * KDTR_DV, [&](int s) { return (long long)(slot0 + s) * ROWS + rl; }, S,
       static_cast<OutT*>(p.out) + ((long long)b * R + row) * KDTR_DV, p.lse + (long long)b * R + row, threadIdx.x & 31, 0);
 }
 

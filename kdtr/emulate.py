@@ -22,7 +22,9 @@ runs in CI without a GPU and shows realistic bf16 error. Steps, and what each mi
    the bf16 rounding of P happens exactly where the GPU does it: relative to the running max.
 5. Split epilogue: o_s = acc / l, lse_s = m + log l (fp32), as a partial-result buffer.
 6. Combine kernel: M = max lse_s, w_s = exp(lse_s - M), out = sum w_s o_s / sum w_s,
-   lse = M + log sum w_s, all fp32.
+   lse = M + log sum w_s, all fp32. With ``partials="bf16"`` each o_s is rounded to bf16 first, as
+   flash-sm90 stores its split partials in the output's type when that is bf16 (half the bytes of
+   the partials' round trip); the lse_s stay fp32.
 7. Store: out rounded to the output dtype (bf16 round-to-nearest-even), lse fp32.
 
 Planted bugs (kdtr.bugs) are variants of these steps, implemented exactly as defined there.
@@ -135,8 +137,8 @@ def _partial(q, k, v, scale, vis, tile, rescale_tau: float = 0.0):
     return acc, m_run[:, -1], l
 
 
-def _combine(parts, wrong_max: bool):
-    """Merge split partials by LSE: out [R, 512], lse [R] (fp32)."""
+def _combine(parts, wrong_max: bool, partials: str = "fp32"):
+    """Merge split partials by LSE: out [R, 512], lse [R] (fp32); o_s stored as ``partials`` in between."""
     acc = [a for a, _, _ in parts]
     m = np.stack([x for _, x, _ in parts])  # [S, R]
     l = np.stack([x for _, _, x in parts])  # [S, R]
@@ -149,12 +151,15 @@ def _combine(parts, wrong_max: bool):
     lse_s = np.where(empty, _F32(-np.inf), m + np.log(l1))  # [S, R]
     M = lse_s.max(axis=0)  # [R]
     w = np.exp(lse_s - M)  # [S, R]
-    out = sum(w[s, :, None] * (acc[s] / l1[s, :, None]) for s in range(len(acc)))
+    o = [round_to(acc[s] / l1[s, :, None], partials) if len(acc) > 1 else acc[s] / l1[s, :, None]
+         for s in range(len(acc))]  # [R, 512] each: one split writes out directly
+    out = sum(w[s, :, None] * o[s] for s in range(len(acc)))
     wsum = w.sum(axis=0)
     return out / wsum[:, None], M + np.log(wsum)
 
 
-def emulate_request(p: Problem, b: int, bug: Bug, tile: int, split_len: int | None, rescale_tau: float = 0.0):
+def emulate_request(p: Problem, b: int, bug: Bug, tile: int, split_len: int | None, rescale_tau: float = 0.0,
+                    partials: str = "fp32"):
     """out [T, H, 512] and lse [T, H] (fp32, out not yet rounded) of request b."""
     T, H = p.T, p.H
     R = T * H
@@ -188,7 +193,7 @@ def emulate_request(p: Problem, b: int, bug: Bug, tile: int, split_len: int | No
         sel = slice(P + c0, P + c1)
         parts.append(_partial(qd, kd[sel], v[sel], scale, vis[:, c0:c1], tile, rescale_tau))
 
-    out, lse = _combine(parts, bug is Bug.MERGE_WRONG_MAX)
+    out, lse = _combine(parts, bug is Bug.MERGE_WRONG_MAX, partials)
     return out.reshape(T, H, DV), lse.reshape(T, H)
 
 
@@ -200,12 +205,14 @@ def emulate_flash(
     tile: int = bugs.TILE,
     split_len: int | None = None,
     rescale_tau: float = 0.0,
+    partials: str = "fp32",
 ) -> tuple[np.ndarray, np.ndarray]:
     """out [B, T, H, 512] float32 (values of out_dtype) and lse [B, T, H] float32.
 
     bf16 storage only (ValueError otherwise). split_len: prefix keys per split, a multiple of
     tile; None picks default_split_len(P_b) per request. bug: a planted bug (kdtr.bugs). rescale_tau: the
     running max kept within tau (log2 units; 0, the default, is the exact max every shipped kernel keeps).
+    partials: the split partials' storage type, "fp32" or "bf16" (step 6).
     """
     if out_dtype not in OUT_DTYPES:
         raise ValueError(f"out_dtype must be one of {OUT_DTYPES}, got {out_dtype!r}")
@@ -213,11 +220,13 @@ def emulate_flash(
     if problem.kv_dtype != "bf16":
         raise ValueError(f"emulate-flash takes bf16 storage only, got {problem.kv_dtype}")
     bug = Bug(bug)
+    if partials not in OUT_DTYPES:
+        raise ValueError(f"partials must be one of {OUT_DTYPES}, got {partials!r}")
     if split_len is not None:
         split_bounds(0, split_len, tile)  # validate once
     out = np.empty(problem.out_shape(), dtype=_F32)  # [B, T, H, 512]
     lse = np.empty((problem.B, problem.T, problem.H), dtype=_F32)  # [B, T, H]
     with np.errstate(invalid="ignore"):  # NaN read by PAGE_OFF_BY_ONE propagates as on a GPU
         for b in range(problem.B):
-            out[b], lse[b] = emulate_request(problem, b, bug, tile, split_len, rescale_tau)
+            out[b], lse[b] = emulate_request(problem, b, bug, tile, split_len, rescale_tau, partials)
     return round_to(out, out_dtype), lse

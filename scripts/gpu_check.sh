@@ -45,6 +45,7 @@
 #   rowstores: the row stores (the default) against the register stores, each build its own process; ci, tests, sanitizers
 #   placement: cubin md5s of fresh compiles (scripts/build_hashes.py), the shipped build's speed over reloads (reload_spread.py)
 #   tau   : the running maximum kept within TAU (-DKDTR_F90_RESCALE_TAU=8): ci with margins, timings each build apart
+#   partials: split partials in the output's type (-DKDTR_PARTIAL_AS_OUT): ci with margins, timings each build apart
 #   halfrescale: O's rescale voted per half warp (-DKDTR_F90_HALF_RESCALE=1): ci, bits against the plain build, timings, profile
 #   reload: the shipped build's modules loaded afresh $RELOADS times (default 12) in one process, each load timed
 #   reloaddata: the same, one load of the modules and the inputs placed anew each round (reload_spread.py --data)
@@ -531,6 +532,13 @@ for mode in "${@:-check}"; do
       stage apart_ablate timeout 400 python3 scripts/sm90_ablate.py partials --apart base= tau1=-DKDTR_F90_RESCALE_TAU=1 \
         tau2=-DKDTR_F90_RESCALE_TAU=2 tau3=-DKDTR_F90_RESCALE_TAU=3 tau8=-DKDTR_F90_RESCALE_TAU=8
       grep -v Warn "$LOGS/apart_ablate.log" | tail -n 70 >>"$SUMMARY"
+      ;;
+    partials)  # session 22: the splits' partial rows in the output's type (-DKDTR_PARTIAL_AS_OUT: bf16 out, half the bytes
+               # of the partials' round trip, now as whole-row stores): ci and margins, then each build apart
+      stage knob_verify timeout 200 python3 scripts/knob_verify.py pb=-DKDTR_PARTIAL_AS_OUT
+      grep -v Warn "$LOGS/knob_verify.log" | tail -n 4 >>"$SUMMARY"
+      stage apart_ablate timeout 400 python3 scripts/sm90_ablate.py partials --apart base= pb=-DKDTR_PARTIAL_AS_OUT
+      grep -v Warn "$LOGS/apart_ablate.log" | tail -n 45 >>"$SUMMARY"
       ;;
     halfrescale)  # session 21: the consumers' rescale voted per half warp (-DKDTR_F90_HALF_RESCALE=1): ci, the same bits, each build apart, profile
       stage knob_verify timeout 200 python3 scripts/knob_verify.py --bits half=-DKDTR_F90_HALF_RESCALE=1

@@ -258,3 +258,31 @@ def test_kept_maximum_costs_accuracy_the_check_sees():
         ratios[tau] = (c.status, round(c.ratio, 3))
     assert ratios[0.0][0] is Status.PASS and ratios[3.0][0] is Status.PASS, ratios
     assert ratios[8.0][0] is Status.FAIL_NUMERIC and ratios[8.0][1] > 1.0 > ratios[0.0][1], ratios
+
+
+SPLIT_HEAVY = "dsv3-h16-p1.130-ddtree16m-pg64-bf16-s0"
+"""A ci case whose rows mix a short prefix and a 16-node tree: with 32-key splits most rows merge several partials."""
+
+
+@pytest.mark.skipif(not (GOLDEN_CI / f"{SPLIT_HEAVY}.kdtr").exists(), reason="goldens/ci not generated")
+def test_bf16_partials_cost_accuracy_the_check_sees():
+    """flash-sm90's KDTR_PARTIAL_AS_OUT experiment stores the splits' partial rows in bf16 (half the bytes of their
+    round trip; flashinfer keeps partials in the output type). Measured on the H200 it saved 0.5-1.1 us on B1 launches
+    and cost 1 % on DeepSeek T65 P8k B8 (docs/PERF.md, session 22). Emulated, the check shows why fp32 partials stay
+    the default: each partial rounded to bf16 and the merged row rounded again takes this case from 0.588 of the
+    element tolerance to past it once every 32 keys is a split (as the H200's B1 decode launches cut 512-1056 keys)."""
+    b = load_bundle(GOLDEN_CI / f"{SPLIT_HEAVY}.kdtr")
+    tol = tolerances.resolve(b.kv_dtype, b.out_dtype, "out", b.tolerances)
+    ratios = {}
+    for partials in ("fp32", "bf16"):
+        o, _ = emulate_flash(b.problem, b.out_dtype, tile=32, split_len=32, partials=partials)
+        c = compare(o, b.out, tol, "out", depth=b.problem.tree_depth)
+        ratios[partials] = (c.status, round(c.ratio, 3))
+    assert ratios["fp32"][0] is Status.PASS and ratios["fp32"][1] < 0.7, ratios
+    assert ratios["bf16"][0] is Status.FAIL_NUMERIC and ratios["bf16"][1] > 1.0, ratios
+
+
+def test_partials_dtype_is_checked():
+    p, _ = build_problem(CaseSpec(model="kimi-k2", heads=1, prefix_lens=(4,), budget=1))
+    with pytest.raises(ValueError, match="partials"):
+        emulate_flash(p, "bf16", partials="fp16")
