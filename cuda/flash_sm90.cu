@@ -64,6 +64,11 @@
 //     compute-sanitizer racecheck reported the alpha hand-off although it is ordered (a minimal
 //     kernel with the same protocol is reported too: scripts/racecheck_probe.py flash); since the
 //     roles split at entry (session 11) it names no line on ci.
+//   * The XR build hands the 64 rows' rescale factors over early: the producer computes the rows'
+//     maxima, stores alpha and arrives on the stage's mbarrier (every named barrier is taken) before it
+//     computes P, and each consumer warp rescales O there, off the path from "P full" to P V's issue
+//     (EARLY_ALPHA; the same bits, Kimi T9 B8-B32 3 % faster; the 64-row builds were 1-2 % slower
+//     with it, so they keep the alpha beside P: docs/PERF.md sessions 21-22).
 //   * Registers: the producer keeps Q's 512 latent columns as A fragments (128 registers); its 64
 //     RoPE columns sit in shared memory as one more swizzled slab (the last 4 k-steps of S read
 //     both operands from shared memory).
@@ -76,7 +81,7 @@
 //     each thread's own 32-byte stores, docs/PERF.md session 20); XR builds and direct outputs store from
 //     registers.
 //   Shared memory: 2 x 36 864 (KV) + 8 KB (Q RoPE) + 2 x 4 KB (P) + 9 KB (Q_x) + 2 x 512 B (P_x) + row
-//   factors, tail-tile list and mbarriers = 101 280 B, within sm_120's 99 KB like every kdtr kernel
+//   factors, tail-tile list and mbarriers = 101 296 B, within sm_120's 99 KB like every kdtr kernel
 //   (static_assert), though only sm_90a has wgmma. The base must be 1 KB aligned (swizzle atoms; no
 //   static shared memory, and the kernel traps if not): the 1 KB of slack it used to add is the room Q_x needed.
 //
@@ -97,7 +102,9 @@
 //   instead of 16 (same bits; faster where the max moves often, slower where it rarely does; session 21);
 //   KDTR_PARTIAL_AS_OUT: with bf16 out, the split partials written and merged as bf16 (flash_split.cuh; 0.5-1.1 us off
 //   B1 launches, 1 % slower on DeepSeek T65 P8k B8, and the double rounding fails the bf16 check where splits are
-//   short: tests/test_emulate.py; session 22); KDTR_COMBINE_BATCH=N:
+//   short: tests/test_emulate.py; session 22);
+//   KDTR_F90_EARLY_ALPHA=0 / 1: the rescale factors beside P in every build / handed over early in every 64-row build
+//   (2, the default: in the XR build only; sessions 21-22); KDTR_COMBINE_BATCH=N:
 //   the combine launch's partial rows in flight per warp (9 here; the A/B of session 14).
 
 #include <cuda_bf16.h>
@@ -161,6 +168,14 @@ constexpr float RESCALE_TAU = KDTR_F90_RESCALE_TAU;
 #endif
 // Experiment: the consumers vote on the rescale of O per half of a warp's 16 rows (8 rows each) instead of all 16
 constexpr bool HALF_RESCALE = KDTR_F90_HALF_RESCALE;
+#ifndef KDTR_F90_EARLY_ALPHA
+#define KDTR_F90_EARLY_ALPHA 2
+#endif
+// The producer hands the 64 rows' rescale factors over as soon as their maxima are known (an mbarrier per stage), so
+// the consumers rescale O while it computes P, not between "P full" and P V's issue. 2 (the default): in the XR build
+// only, 3 % faster there (Kimi T9 B8-B32; session 22); 1: in every 64-row build, where it was 1-2 % slower (DeepSeek,
+// session 21); 0: never (the experiment's baseline)
+constexpr int EARLY_ALPHA = KDTR_F90_EARLY_ALPHA;
 constexpr int TMA_BOX_COLS = 64;                // a TMA box: 64 columns (one 128-byte swizzle row) x BN keys
 constexpr int TMA_BOX_SLABS = KDTR_DK / TMA_BOX_COLS;  // x all 9 slabs: one box is one whole tile
 
@@ -200,7 +215,9 @@ struct Smem {                                   // byte offsets into dynamic sha
   static constexpr int bars = (count + 4 + 7) & ~7;                 // u64 [STAGES] mbarriers: a TMA tile of the stage landed
   static constexpr int xmax = XMAX_ALIASED ? stats : bars + STAGES * 8;  // float [STAGES][2][XR_MAX]: S^T's two warps' row
                                                                     // maxima; before stats is written (producer warps 0-1)
-  static constexpr int bytes = bars + STAGES * 8 + (XMAX_ALIASED ? 0 : STAGES * 2 * XR_MAX * 4);
+  static constexpr int abars = bars + STAGES * 8 + (XMAX_ALIASED ? 0 : STAGES * 2 * XR_MAX * 4);  // u64 [STAGES]
+                                                                    // mbarriers: the stage's alpha written (EARLY_ALPHA)
+  static constexpr int bytes = abars + (EARLY_ALPHA ? STAGES * 8 : 0);
 };
 static_assert(Smem::qx % 1024 == 0 && Smem::qrope % 1024 == 0, "swizzled operands start on a 1 KB swizzle atom");
 static_assert(MAX_TAIL_TILES * 4 <= STAGES * ROWS * 4, "the live flags fit the alpha they alias");
@@ -398,6 +415,9 @@ __device__ __forceinline__ void mbar_init_fence() { asm volatile("fence.mbarrier
 __device__ __forceinline__ void mbar_expect_tx(unsigned bar, unsigned bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
 }
+__device__ __forceinline__ void mbar_arrive(unsigned bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
 __device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
   asm volatile(
       "{\n.reg .pred done;\nKDTR_MBAR_WAIT:\n"
@@ -438,6 +458,28 @@ __device__ __forceinline__ float ex2(float x) {
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
   return y;
 }
+
+// The producer's online softmax of S's row half h (elements e = 4 j + 2 h + {0, 1}, j = 0..3) in two steps that both
+// orders in the kernel share: the row's running maximum after this tile (a quad's 4 threads hold the row) into m_new, then P in
+// place and its row sum into sum, in one fixed order (the same bits whichever order runs them). Macros, not
+// functions: as inline functions they changed ptxas's schedule of the shipped builds (cuobjdump, session 22), and
+// that schedule is the one timed.
+#define F90_ROW_HALF_MAX(s, h, m_run_h, sc, m_new)                                                      \
+  float mx = kdtr::neg_inf();                                                                          \
+  _Pragma("unroll") for (int j = 0; j < 4; j += 2) mx =                                                \
+      fmaxf(mx, fmaxf(fmaxf(s[4 * j + 2 * h], s[4 * j + 2 * h + 1]), fmaxf(s[4 * j + 4 + 2 * h], s[4 * j + 5 + 2 * h]))); \
+  float m_new = fmaxf(m_run_h, kdtr::warp_max<4>(mx * sc));                                            \
+  if (RESCALE_TAU > 0.f) m_new = m_new > m_run_h + RESCALE_TAU ? m_new : m_run_h  /* stale within TAU */
+#define F90_ROW_HALF_P(s, h, sc, m_use, sum)                                                           \
+  float sum = 0.f;                                                                                     \
+  _Pragma("unroll") for (int j = 0; j < 4; j += 2) {                                                   \
+    float q[4];                                                                                        \
+    _Pragma("unroll") for (int k = 0; k < 4; ++k) {                                                    \
+      const int e = 4 * (j + (k >> 1)) + 2 * h + (k & 1);                                              \
+      q[k] = s[e] = ex2(fmaf(s[e], sc, -m_use));                                                       \
+    }                                                                                                  \
+    sum += (q[0] + q[1]) + (q[2] + q[3]);                                                              \
+  }
 
 // cp.async.wait_group 0 once `v` has arrived: a plain wait after the Q loads was scheduled by ptxas
 // above most of them (global loads and the async copies' shared stores do not alias), which cost the
@@ -635,6 +677,7 @@ __global__ void __launch_bounds__(f90::NTHREADS, XR == f90::XR_ONLY ? 2 : 1) kdt
   // transposed rows merge by the combine launch: a 65..72-row tile has 260+ units, more than the plan's
   // splits; XR_ONLY's in-kernel merge was no faster than the narrow combine launch (docs/PERF.md, sessions 14-15)
   static_assert(!(MERGE && XR), "transposed rows merge by the combine launch");
+  constexpr bool EARLY = EARLY_ALPHA == 1 || (EARLY_ALPHA == 2 && XR == XR_MAX);  // the early alpha hand-off here
   constexpr bool SEGMENTS = MERGE == 2, MERGE_HERE = MERGE == 1;
   // XONLY: the request's 1..XR_MAX rows are all transposed (one row tile): no Q fragments, no S, no P V of
   // 64 padded rows, and the registers left (no setmaxnreg) let two CTAs share an SM, four KV tiles in flight
@@ -644,6 +687,7 @@ __global__ void __launch_bounds__(f90::NTHREADS, XR == f90::XR_ONLY ? 2 : 1) kdt
   if (base & 1023u) __trap();                   // the hardware gives it (no static shared memory); stop loudly if not
   if (SEGMENTS && !work) __trap();              // segments need their work table (others ignore `work`)
   const unsigned bars = base + Smem::bars;      // u64 mbarrier of stage st at bars + 8 st
+  const unsigned abars = base + Smem::abars;    // EARLY_ALPHA: u64 mbarrier of stage st's alpha at abars + 8 st
   CtaPhases phases;
   phases.start();
   kdtr::pdl_launch_dependents();  // the combine launch may take SMs as they free up; it waits for this grid
@@ -687,6 +731,8 @@ __global__ void __launch_bounds__(f90::NTHREADS, XR == f90::XR_ONLY ? 2 : 1) kdt
   if (!CONSUMER_SCAN) {
     if (tid == 0) {
       for (int st = 0; st < STAGES; ++st) mbar_init(bars + st * 8, 1);
+      if (EARLY)
+        for (int st = 0; st < STAGES; ++st) mbar_init(abars + st * 8, 128);  // every producer thread arrives
       mbar_init_fence();
     }
     n_tiles_block = find_tail_tiles<NTHREADS, BUG>(mask_b, r0, r_end, H, W, has_tail, n_pre, tid, tid == 0, live, tail_tiles,
@@ -862,32 +908,37 @@ __global__ void __launch_bounds__(f90::NTHREADS, XR == f90::XR_ONLY ? 2 : 1) kdt
           }
         }  // else a full prefix tile: every key visible
         float psum[2] = {0.f, 0.f};
+        if (EARLY) {  // the maxima and alpha first, handed over, then P
+          float m_use[2];
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {  // row half h holds e = 4 j + 2 h + {0, 1}, j = 0..3
-          float mx = kdtr::neg_inf();
+          for (int h = 0; h < 2; ++h) {
+            F90_ROW_HALF_MAX(s, h, m_run[h], sc, m_new);
+            m_use[h] = m_new == kdtr::neg_inf() ? 0.f : m_new;
+            alpha[h] = ex2(m_run[h] - m_use[h]);  // 0 while nothing was seen: O and l are still zero
+            m_run[h] = m_new;
+          }
+          // alpha(i)'s slots were last read by the consumers before "P full"(i - STAGES + 1), which this thread passed
+          if (tq == 0) {
+            alpha_s[stage * ROWS + ww * 16 + g] = alpha[0];
+            alpha_s[stage * ROWS + ww * 16 + g + 8] = alpha[1];
+          }
+          mbar_arrive(abars + stage * 8);
 #pragma unroll
-          for (int j = 0; j < 4; j += 2)
-            mx = fmaxf(mx, fmaxf(fmaxf(s[4 * j + 2 * h], s[4 * j + 2 * h + 1]),
-                                 fmaxf(s[4 * j + 4 + 2 * h], s[4 * j + 5 + 2 * h])));
-          float m_new = fmaxf(m_run[h], kdtr::warp_max<4>(mx * sc));
-          if (RESCALE_TAU > 0.f) m_new = m_new > m_run[h] + RESCALE_TAU ? m_new : m_run[h];  // stale within TAU
+          for (int h = 0; h < 2; ++h) {
+            F90_ROW_HALF_P(s, h, sc, m_use[h], sum);
+            psum[h] = sum;
+          }
+        }
+#pragma unroll
+        for (int h = 0; h < (EARLY ? 0 : 2); ++h) {  // the maximum, alpha and P of each row half in turn
+          F90_ROW_HALF_MAX(s, h, m_run[h], sc, m_new);
           const float m_use = m_new == kdtr::neg_inf() ? 0.f : m_new;
           // alpha = c and psum = the row's sum below, written as products: that is the form timed in
           // session 5 (run 5); the plain form compiles to a differently scheduled kernel (cuobjdump)
           const float c = ex2(m_run[h] - m_use);  // 0 while nothing was seen: O and l are still zero
           alpha[h] *= c;
           psum[h] *= c;
-          float sum = 0.f;
-#pragma unroll
-          for (int j = 0; j < 4; j += 2) {
-            float q[4];
-#pragma unroll
-            for (int k = 0; k < 4; ++k) {
-              const int e = 4 * (j + (k >> 1)) + 2 * h + (k & 1);
-              q[k] = s[e] = ex2(fmaf(s[e], sc, -m_use));
-            }
-            sum += (q[0] + q[1]) + (q[2] + q[3]);
-          }
+          F90_ROW_HALF_P(s, h, sc, m_use, sum);
           psum[h] += sum;
           m_run[h] = m_new;
         }
@@ -935,7 +986,7 @@ __global__ void __launch_bounds__(f90::NTHREADS, XR == f90::XR_ONLY ? 2 : 1) kdt
           const int row = ww * 16 + g + 8 * ((e >> 1) & 1), j = e >> 2;
           st_shared_u32(pb + ((row >> 3) * 4 + j) * 128 + (row & 7) * 16 + tq * 4, pack_bf16(s[e], s[e + 1]));
         }
-        if (MAIN && tq == 0) {
+        if (MAIN && !EARLY && tq == 0) {
           alpha_s[stage * ROWS + ww * 16 + g] = alpha[0];
           alpha_s[stage * ROWS + ww * 16 + g + 8] = alpha[1];
         }
@@ -1019,6 +1070,8 @@ __global__ void __launch_bounds__(f90::NTHREADS, XR == f90::XR_ONLY ? 2 : 1) kdt
     const int n_early = CONSUMER_SCAN ? min(STAGES, n_tma) : 0;  // tiles 0 .. n_early - 1 leave before the scan
     if (CONSUMER_SCAN && tid == 128) {
       for (int st = 0; st < STAGES; ++st) mbar_init(bars + st * 8, 1);
+      if (EARLY)
+        for (int st = 0; st < STAGES; ++st) mbar_init(abars + st * 8, 128);  // every producer thread arrives
       mbar_init_fence();
       CtaPhases::step(0);
       for (int t = 0; t < n_early; ++t) {  // tile t's keys kp_lo + 32 t ..: one page (TMA tiles)
@@ -1131,9 +1184,18 @@ __global__ void __launch_bounds__(f90::NTHREADS, XR == f90::XR_ONLY ? 2 : 1) kdt
     for (int i = 0; i < n_tiles; ++i) {
       const int stage = i % STAGES;  // KV stage and P buffer of tile i
       if (S_FIRST) announce_next(i);  // the producer issues S(i+1) before P full(i)
+      if (EARLY && MAIN) {  // O (P V(i-1) waited for) rescaled while the producer computes P(i)
+        mbar_wait(abars + stage * 8, (i / STAGES) & 1);
+        const float a0 = alpha_s[stage * ROWS + ww * 16 + g], a1 = alpha_s[stage * ROWS + ww * 16 + g + 8];
+        if (__any_sync(0xffffffffu, a0 != 1.f || a1 != 1.f)) {
+#pragma unroll
+          for (int e = 0; e < O_REGS; ++e) acc[e] *= (e & 2) ? a1 : a0;
+        }
+      }
       bar_sync(BAR_P_FULL + stage, NTHREADS);
       laps.lap(0);
-      const float a0 = MAIN ? alpha_s[stage * ROWS + ww * 16 + g] : 1.f, a1 = MAIN ? alpha_s[stage * ROWS + ww * 16 + g + 8] : 1.f;
+      const float a0 = MAIN && !EARLY ? alpha_s[stage * ROWS + ww * 16 + g] : 1.f,
+                  a1 = MAIN && !EARLY ? alpha_s[stage * ROWS + ww * 16 + g + 8] : 1.f;
       if (MAIN && HALF_RESCALE) {  // each half of the warp's rows (g and g + 8) voted on alone: fewer rescales
         if (__any_sync(0xffffffffu, a0 != 1.f)) {
 #pragma unroll

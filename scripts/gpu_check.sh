@@ -45,6 +45,7 @@
 #   rowstores: the row stores (the default) against the register stores, each build its own process; ci, tests, sanitizers
 #   placement: cubin md5s of fresh compiles (scripts/build_hashes.py), the shipped build's speed over reloads (reload_spread.py)
 #   tau   : the running maximum kept within TAU (-DKDTR_F90_RESCALE_TAU=8): ci with margins, timings each build apart
+#   earlyxr: the XR build's early alpha hand-off against -DKDTR_F90_EARLY_ALPHA=0: ci, bits, timings, racecheck (XR forced)
 #   partials: split partials in the output's type (-DKDTR_PARTIAL_AS_OUT): ci with margins, timings each build apart
 #   halfrescale: O's rescale voted per half warp (-DKDTR_F90_HALF_RESCALE=1): ci, bits against the plain build, timings, profile
 #   reload: the shipped build's modules loaded afresh $RELOADS times (default 12) in one process, each load timed
@@ -539,6 +540,19 @@ for mode in "${@:-check}"; do
       grep -v Warn "$LOGS/knob_verify.log" | tail -n 4 >>"$SUMMARY"
       stage apart_ablate timeout 400 python3 scripts/sm90_ablate.py partials --apart base= pb=-DKDTR_PARTIAL_AS_OUT
       grep -v Warn "$LOGS/apart_ablate.log" | tail -n 45 >>"$SUMMARY"
+      ;;
+    earlyxr)  # session 22: the XR build's early alpha hand-off (the default, EARLY_ALPHA=2) against the alpha beside P
+              # (-DKDTR_F90_EARLY_ALPHA=0): ci and margins, the same bits, each build apart on the xr set, then racecheck
+              # on ci with transposed rows forced (the shipped build)
+      stage knob_verify timeout 200 python3 scripts/knob_verify.py --bits late=-DKDTR_F90_EARLY_ALPHA=0
+      grep -v Warn "$LOGS/knob_verify.log" | tail -n 5 >>"$SUMMARY"
+      stage apart_ablate timeout 300 python3 scripts/sm90_ablate.py xr --apart base= late=-DKDTR_F90_EARLY_ALPHA=0
+      grep -v Warn "$LOGS/apart_ablate.log" | tail -n 40 >>"$SUMMARY"
+      KDTR_FLASH_XR=1 stage racecheck_xr timeout 240 $KDTR verify -k flash-sm90 ci --sanitize racecheck --json "$LOGS/rc_xr.json"
+      tail -n 2 "$LOGS/racecheck_xr.log" >>"$SUMMARY"
+      python3 -c "import json, re, sys
+for r in json.load(open(sys.argv[1]))['results']:  # the flash_sm90.cu lines each report names
+    print(r['case'][:48], r['status'], sorted(set(re.findall(r'flash_sm90.cu:(\d+)', r['message'] or ''))))" "$LOGS/rc_xr.json" >>"$SUMMARY" 2>&1
       ;;
     halfrescale)  # session 21: the consumers' rescale voted per half warp (-DKDTR_F90_HALF_RESCALE=1): ci, the same bits, each build apart, profile
       stage knob_verify timeout 200 python3 scripts/knob_verify.py --bits half=-DKDTR_F90_HALF_RESCALE=1

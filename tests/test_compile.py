@@ -201,6 +201,8 @@ EXPERIMENT_BUILDS = {  # cuda/flash_sm90.cu's documented -D knobs (its header): 
     "thread-stores": ("-DKDTR_F90_ROW_STORES=0",),
     "rescale-tau8": ("-DKDTR_F90_RESCALE_TAU=8",),
     "half-rescale": ("-DKDTR_F90_HALF_RESCALE=1",),
+    "early-alpha-off": ("-DKDTR_F90_EARLY_ALPHA=0",),
+    "early-alpha-all": ("-DKDTR_F90_EARLY_ALPHA=1",),
     "partial-as-out": ("-DKDTR_PARTIAL_AS_OUT",),
     "profile": ("-DKDTR_F90_PROFILE",),
     "combine-batch-8": ("-DKDTR_COMBINE_BATCH=8",),
