@@ -93,7 +93,8 @@ def _keys(p: Problem, b: int, n: int, off_by_one: bool) -> np.ndarray:
 def _running_max(tile_max: np.ndarray, rescale_tau: float) -> np.ndarray:
     """[R, nt] the running max each tile's P is taken against. rescale_tau > 0 (log2 units, as flash-sm90's
     KDTR_F90_RESCALE_TAU experiment): the max moves only when a tile's exceeds it by more than tau, so O is rescaled
-    rarely, but the row's largest P is no longer exactly 1 and its bf16 rounding reaches out (docs/PERF.md, session 21)."""
+    rarely, but the row's largest P is no longer exactly 1 and its bf16 rounding reaches out (docs/PERF.md,
+    session 21)."""
     if rescale_tau <= 0:
         return np.maximum.accumulate(tile_max, axis=1)
     tau = _F32(rescale_tau * np.log(2.0))
@@ -151,8 +152,9 @@ def _combine(parts, wrong_max: bool, partials: str = "fp32"):
     lse_s = np.where(empty, _F32(-np.inf), m + np.log(l1))  # [S, R]
     M = lse_s.max(axis=0)  # [R]
     w = np.exp(lse_s - M)  # [S, R]
-    o = [round_to(acc[s] / l1[s, :, None], partials) if len(acc) > 1 else acc[s] / l1[s, :, None]
-         for s in range(len(acc))]  # [R, 512] each: one split writes out directly
+    o = [acc[s] / l1[s, :, None] for s in range(len(acc))]  # [R, 512] each
+    if partials != "fp32" and len(o) > 1:  # stored in between (one split writes out directly)
+        o = [round_to(x, partials) for x in o]
     out = sum(w[s, :, None] * o[s] for s in range(len(acc)))
     wsum = w.sum(axis=0)
     return out / wsum[:, None], M + np.log(wsum)

@@ -242,20 +242,24 @@ PEAKED = "dsv3-h1-p0.1.63.64.65-ddtree64m-pg64-bf16-s0"
 """The ci case whose rows see the fewest keys (prefixes 0-65): the one where a row's largest P matters most."""
 
 
+def emulated_check(case: str, **emulate_kw) -> tuple[Status, float]:
+    """(status, worst element ratio) of goldens/ci's ``case`` emulated with ``emulate_kw``, checked on out as kdtr
+    verify checks it: what an experiment's accuracy cost looks like to the bf16 check."""
+    b = load_bundle(GOLDEN_CI / f"{case}.kdtr")
+    o, _ = emulate_flash(b.problem, b.out_dtype, **emulate_kw)
+    c = compare(o, b.out, tolerances.resolve(b.kv_dtype, b.out_dtype, "out", b.tolerances), "out",
+                depth=b.problem.tree_depth)
+    return c.status, round(c.ratio, 3)
+
+
 @pytest.mark.skipif(not (GOLDEN_CI / f"{PEAKED}.kdtr").exists(), reason="goldens/ci not generated")
 def test_kept_maximum_costs_accuracy_the_check_sees():
     """flash-sm90's KDTR_F90_RESCALE_TAU experiment (a running max kept unless a tile's exceeds it by more than
     tau, as FlashAttention 4 does) was 5 % faster on DeepSeek T65 P8k B1 at tau = 8 and failed this ci case on the
     H200 (docs/PERF.md, session 21). Emulated with flash-sm90's 32-key tiles it fails the same way, with the same
-    worst element (1.045 of its tolerance, 0.642 at tau = 0), and passes at tau = 0 and 3: the bf16 tolerance catches an optimisation that is exact math but
-    no longer rounds the row's largest P (1 under the true maximum) exactly."""
-    b = load_bundle(GOLDEN_CI / f"{PEAKED}.kdtr")
-    ratios = {}
-    for tau in (0.0, 3.0, 8.0):
-        o, _ = emulate_flash(b.problem, b.out_dtype, tile=32, rescale_tau=tau)
-        c = compare(o, b.out, tolerances.resolve(b.kv_dtype, b.out_dtype, "out", b.tolerances), "out",
-                    depth=b.problem.tree_depth)
-        ratios[tau] = (c.status, round(c.ratio, 3))
+    worst element (1.045 of its tolerance, 0.642 at tau = 0), and passes at tau = 0 and 3: the bf16 tolerance catches
+    an optimisation that is exact math but no longer rounds the row's largest P (1 under the true maximum) exactly."""
+    ratios = {tau: emulated_check(PEAKED, tile=32, rescale_tau=tau) for tau in (0.0, 3.0, 8.0)}
     assert ratios[0.0][0] is Status.PASS and ratios[3.0][0] is Status.PASS, ratios
     assert ratios[8.0][0] is Status.FAIL_NUMERIC and ratios[8.0][1] > 1.0 > ratios[0.0][1], ratios
 
@@ -271,13 +275,7 @@ def test_bf16_partials_cost_accuracy_the_check_sees():
     and cost 1 % on DeepSeek T65 P8k B8 (docs/PERF.md, session 22). Emulated, the check shows why fp32 partials stay
     the default: each partial rounded to bf16 and the merged row rounded again takes this case from 0.588 of the
     element tolerance to past it once every 32 keys is a split (as the H200's B1 decode launches cut 512-1056 keys)."""
-    b = load_bundle(GOLDEN_CI / f"{SPLIT_HEAVY}.kdtr")
-    tol = tolerances.resolve(b.kv_dtype, b.out_dtype, "out", b.tolerances)
-    ratios = {}
-    for partials in ("fp32", "bf16"):
-        o, _ = emulate_flash(b.problem, b.out_dtype, tile=32, split_len=32, partials=partials)
-        c = compare(o, b.out, tol, "out", depth=b.problem.tree_depth)
-        ratios[partials] = (c.status, round(c.ratio, 3))
+    ratios = {kind: emulated_check(SPLIT_HEAVY, tile=32, split_len=32, partials=kind) for kind in ("fp32", "bf16")}
     assert ratios["fp32"][0] is Status.PASS and ratios["fp32"][1] < 0.7, ratios
     assert ratios["bf16"][0] is Status.FAIL_NUMERIC and ratios["bf16"][1] > 1.0, ratios
 
