@@ -688,6 +688,12 @@ __global__ void __launch_bounds__(f90::NTHREADS, XR == f90::XR_ONLY ? 2 : 1) kdt
   if (SEGMENTS && !work) __trap();              // segments need their work table (others ignore `work`)
   const unsigned bars = base + Smem::bars;      // u64 mbarrier of stage st at bars + 8 st
   const unsigned abars = base + Smem::abars;    // EARLY_ALPHA: u64 mbarrier of stage st's alpha at abars + 8 st
+  auto init_mbarriers = [&] {  // by one thread, before any use: the block scan's or the consumers' (CONSUMER_SCAN)
+    for (int st = 0; st < STAGES; ++st) mbar_init(bars + st * 8, 1);
+    if (EARLY)
+      for (int st = 0; st < STAGES; ++st) mbar_init(abars + st * 8, 128);  // every producer thread arrives
+    mbar_init_fence();
+  };
   CtaPhases phases;
   phases.start();
   kdtr::pdl_launch_dependents();  // the combine launch may take SMs as they free up; it waits for this grid
@@ -729,12 +735,7 @@ __global__ void __launch_bounds__(f90::NTHREADS, XR == f90::XR_ONLY ? 2 : 1) kdt
   constexpr bool CONSUMER_SCAN = XR != XR_MAX;
   int n_tiles_block = 0;  // the block-wide scan's result (XR builds)
   if (!CONSUMER_SCAN) {
-    if (tid == 0) {
-      for (int st = 0; st < STAGES; ++st) mbar_init(bars + st * 8, 1);
-      if (EARLY)
-        for (int st = 0; st < STAGES; ++st) mbar_init(abars + st * 8, 128);  // every producer thread arrives
-      mbar_init_fence();
-    }
+    if (tid == 0) init_mbarriers();
     n_tiles_block = find_tail_tiles<NTHREADS, BUG>(mask_b, r0, r_end, H, W, has_tail, n_pre, tid, tid == 0, live, tail_tiles,
                                                         n_tail_s, [] { __syncthreads(); });
     phases.reached(CtaPhases::SCAN, n_tiles_block);
@@ -1069,10 +1070,7 @@ __global__ void __launch_bounds__(f90::NTHREADS, XR == f90::XR_ONLY ? 2 : 1) kdt
     };
     const int n_early = CONSUMER_SCAN ? min(STAGES, n_tma) : 0;  // tiles 0 .. n_early - 1 leave before the scan
     if (CONSUMER_SCAN && tid == 128) {
-      for (int st = 0; st < STAGES; ++st) mbar_init(bars + st * 8, 1);
-      if (EARLY)
-        for (int st = 0; st < STAGES; ++st) mbar_init(abars + st * 8, 128);  // every producer thread arrives
-      mbar_init_fence();
+      init_mbarriers();
       CtaPhases::step(0);
       for (int t = 0; t < n_early; ++t) {  // tile t's keys kp_lo + 32 t ..: one page (TMA tiles)
         const int j = kp_lo + t * BN;
@@ -1151,6 +1149,12 @@ __global__ void __launch_bounds__(f90::NTHREADS, XR == f90::XR_ONLY ? 2 : 1) kdt
     }
 
     float acc[O_REGS];  // XONLY: never used (the compiler drops it)
+    auto rescale_o = [&](float a0, float a1) {  // O's rows g and g + 8 by their alpha; the max rarely moves late
+      if (__any_sync(0xffffffffu, a0 != 1.f || a1 != 1.f)) {
+#pragma unroll
+        for (int e = 0; e < O_REGS; ++e) acc[e] *= (e & 2) ? a1 : a0;
+      }
+    };
 #pragma unroll
     for (int e = 0; e < O_REGS; ++e) acc[e] = 0.f;
     // O^T of the transposed rows, on mma.sync (m16n8k16): warp ww of consumer c owns slab 4 c + ww (64
@@ -1186,11 +1190,7 @@ __global__ void __launch_bounds__(f90::NTHREADS, XR == f90::XR_ONLY ? 2 : 1) kdt
       if (S_FIRST) announce_next(i);  // the producer issues S(i+1) before P full(i)
       if (EARLY && MAIN) {  // O (P V(i-1) waited for) rescaled while the producer computes P(i)
         mbar_wait(abars + stage * 8, (i / STAGES) & 1);
-        const float a0 = alpha_s[stage * ROWS + ww * 16 + g], a1 = alpha_s[stage * ROWS + ww * 16 + g + 8];
-        if (__any_sync(0xffffffffu, a0 != 1.f || a1 != 1.f)) {
-#pragma unroll
-          for (int e = 0; e < O_REGS; ++e) acc[e] *= (e & 2) ? a1 : a0;
-        }
+        rescale_o(alpha_s[stage * ROWS + ww * 16 + g], alpha_s[stage * ROWS + ww * 16 + g + 8]);
       }
       bar_sync(BAR_P_FULL + stage, NTHREADS);
       laps.lap(0);
@@ -1207,9 +1207,8 @@ __global__ void __launch_bounds__(f90::NTHREADS, XR == f90::XR_ONLY ? 2 : 1) kdt
           for (int e = 0; e < O_REGS; ++e)
             if (e & 2) acc[e] *= a1;
         }
-      } else if (MAIN && __any_sync(0xffffffffu, a0 != 1.f || a1 != 1.f)) {  // the max rarely moves late
-#pragma unroll
-        for (int e = 0; e < O_REGS; ++e) acc[e] *= (e & 2) ? a1 : a0;
+      } else if (MAIN) {
+        rescale_o(a0, a1);
       }
       if (XR && has_x) {  // always: 16 multiplies, and no branch to keep registers for
         const float x0 = alpha_s[stage * ROWS + BM + 2 * tq], x1 = alpha_s[stage * ROWS + BM + 2 * tq + 1];
