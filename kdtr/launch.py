@@ -243,6 +243,7 @@ def make_launcher(dp: DeviceProblem, steps, workspace_bytes: int = 0, num_splits
             call(stream)
 
     go.workspace = ws  # keeps the scratch alive as long as the launcher
+    go.problem = dp  # and the inputs and outputs: the launches hold only their addresses
     return go
 
 

@@ -18,6 +18,7 @@
 #   verify: every built-in kernel on ci, every planted bug, flash-sm90 under memcheck/racecheck
 #   merge : flash-sm90's in-kernel merge: ci, bugs, timings with KDTR_FLASH_MERGE=0/1
 #   sol   : both flash kernels on ci and their bugs, then scripts/sol_probe.py (bare-read speed of light, flush A/B)
+#   ceiling: scripts/sol_probe.py alone: the best of three bare reads of the decode bytes as a share of the copy peak
 #   ablate: flash-sm90 experiment knobs (KDTR_F90_STAGES=3/4): block errors, then timings
 #   ncu   : stall reasons and pipe use of one flash-sm90 launch (compute and memory shape)
 #   abtree: flash-sm90 of an exported older tree (ab_old/, e.g. `git archive HEAD~1 kdtr cuda | tar -x -C ab_old`)
@@ -285,6 +286,10 @@ for mode in "${@:-check}"; do
     sol)  # both flash kernels on ci and their bugs, then the decode speed-of-light probe (flush A/B)
       ci_verify flash flash-sm90
       flash_tests
+      stage sol_probe timeout 300 python3 scripts/sol_probe.py --flush flash-sm90
+      grep -v Warn "$LOGS/sol_probe.log" >>"$SUMMARY"
+      ;;
+    ceiling)  # session 23: the best bare read of the decode bytes (three read strategies) against the memory target
       stage sol_probe timeout 300 python3 scripts/sol_probe.py flash-sm90
       grep -v Warn "$LOGS/sol_probe.log" >>"$SUMMARY"
       ;;

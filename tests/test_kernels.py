@@ -192,6 +192,31 @@ def test_launch_imports_without_cupy_and_fails_in_one_line(monkeypatch):
         launch.gpu_available.cache_clear()
 
 
+def test_a_launcher_keeps_its_device_problem_alive(monkeypatch):
+    """KdtrParams carries only the inputs' and outputs' addresses: a launcher built on a DeviceProblem
+    nobody else holds (``kernel.prepare(device_problem(spec))``) must keep it, or the pool hands its memory
+    to the next allocation and the timed launch reads freed memory (scripts/sol_probe.py faulted so)."""
+    import gc
+    import weakref
+
+    from kdtr import abi
+
+    class FakeProblem:
+        def params(self, workspace_ptr, num_splits):
+            return np.zeros(1, abi.PARAMS_DTYPE)[0]
+
+    monkeypatch.setattr(launch, "_cupy", lambda: types.SimpleNamespace())
+    dp = FakeProblem()
+    alive = weakref.ref(dp)
+    go = launch.make_launcher(dp, [])
+    del dp
+    gc.collect()
+    assert alive() is not None
+    del go
+    gc.collect()
+    assert alive() is None
+
+
 def test_launch_from_constants_follows_the_abi_contract():
     pr = tiny_problem(T=5, H=3)
     g = launch.launch_from_constants(pr, launch.DEFAULT_LAUNCH)
