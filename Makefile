@@ -28,7 +28,7 @@ test-gpu: $(STAMP)
 demo: $(STAMP)
 	$(KDTR) gen --suite smoke --out out/demo
 	$(KDTR) show out/demo/dsv3-h16-p0.70-ddtree16m-pg64-bf16-s0.kdtr
-	$(BIN)/python -m kdtr.demo out/demo
+	$(BIN)/python -m kdtr.cli.demo out/demo
 
 ## Regenerate the committed ci goldens, and confirm them.
 goldens: $(STAMP)

@@ -34,8 +34,8 @@ def _timed(fn) -> float:
 
 
 def reference_rate(P: int, H: int, budget: int, reps: int = 2) -> tuple[float, float]:
-    from kdtr.cases import CaseSpec, build_problem
-    from kdtr.reference import reference
+    from kdtr.inputs.cases import CaseSpec, build_problem
+    from kdtr.golden.reference import reference
 
     prob, _ = build_problem(CaseSpec(heads=H, prefix_lens=(P,), budget=budget, page_size=64))
     pairs = P * prob.T + int((prob.tree_depth.astype(np.int64) + 1).sum())
@@ -48,7 +48,7 @@ def peak_memory(P: int, H: int, budget: int) -> dict:
     """Build + reference of one case in a child process; its peak RSS (ru_maxrss)."""
     code = (
         "import resource, time, json\n"
-        "from kdtr.cases import CaseSpec, build_problem\nfrom kdtr.reference import reference\n"
+        "from kdtr.inputs.cases import CaseSpec, build_problem\nfrom kdtr.reference import reference\n"
         f"p,_ = build_problem(CaseSpec(heads={H}, prefix_lens=({P},), budget={budget}))\n"
         "r0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
         "t = time.perf_counter(); reference(p); t = time.perf_counter() - t\n"

@@ -10,12 +10,12 @@
 //                                    rows with no 64-row products, two CTAs to an SM (O^T on wgmma
 //                                    there): all of a Kimi decode request, or the tail launch beside the
 //                                    64-row tiles' (T9 B1).
-//   kdtr_flash_combine<OutT>,        the split merges shared with flash_verify.cu (flash_split.cuh);
+//   kdtr_flash_combine<OutT>,        the split merges shared with flash.cu (flash_split.cuh);
 //   kdtr_flash_combine_rows<OutT, PARTS>, one-wave grids merge inside the main kernel instead (MERGE = 1);
 //   kdtr_flash_combine_narrow<OutT, COLS, WARPS>
 //   kdtr_flash_combine_jobs<OutT, 64> the merge of segments' cut jobs (below).
 //
-// Design (SPEC sections 1, 3, 5; the same operator, split plan and workspace as flash_verify.cu)
+// Design (SPEC sections 1, 3, 5; the same operator, split plan and workspace as flash.cu)
 //   * wgmma.mma_async (m64nNk16, bf16 in, fp32 accumulate): the tensor cores read the KV tile
 //     straight from shared memory for both products, which mma.sync cannot do at this width (its
 //     B fragments go through the register file; docs/PERF.md).
@@ -33,7 +33,7 @@
 //     consumer reads columns the other does not). Two copy paths fill it:
 //     - TMA, for every full prefix tile of a cache whose pages hold whole tiles (page_size a
 //       multiple of 32): one thread issues one cp.async.bulk.tensor box of the whole tile through the
-//       cache's tensor map (a second kernel parameter, kdtr/tma.py), which lands swizzled and
+//       cache's tensor map (a second kernel parameter, kdtr/kernels/flash/tma.py), which lands swizzled and
 //       completes on the stage's mbarrier; the producer waits there.
 //     - cp.async by the consumers for the rest (1-token pages, the last partial prefix tile, the
 //       tree tail): a quarter warp copies one key's 128-byte row (whole lines from global memory,
@@ -41,16 +41,16 @@
 //       block-table entry read a tile earlier (docs/PERF.md, session 4); "tile landed" is a named
 //       barrier.
 //   * Splits: partial (out, lse) merged by kdtr_flash_combine(_rows), launched dependent on this
-//     kernel (kdtr/pdl.py: it is released at entry and waits for this grid), or, on one-wave decode
-//     grids (MERGE = 1, kdtr/flash_plan.py), inside this kernel by the last splits of each row tile to
+//     kernel (kdtr/kernels/pdl.py: it is released at entry and waits for this grid), or, on one-wave decode
+//     grids (MERGE = 1, kdtr/kernels/flash/plan.py), inside this kernel by the last splits of each row tile to
 //     finish (kdtr::merge_in_kernel).
-//   * Segments: where kdtr/schedule.py's model says uniform splits leave SMs idle (136 row tiles on
+//   * Segments: where kdtr/kernels/flash/schedule.py's model says uniform splits leave SMs idle (136 row tiles on
 //     132 SMs), the grid is a work table instead: CTA x walks the key range of its row (any tile
 //     boundary), longest first; a row tile in one piece writes out directly, cut ones go through
 //     kdtr_flash_combine_jobs.
 //   * Tree tail in the same pass: only tail tiles some row of the CTA sees are loaded; each row's
 //     mask word decides visibility. Full prefix tiles skip the mask arithmetic.
-//   * Transposed rows (XR = 8, where kdtr/flash_plan.py's cost model says they pay: many requests): rows
+//   * Transposed rows (XR = 8, where kdtr/kernels/flash/plan.py's cost model says they pay: many requests): rows
 //     64..71 become the N of S^T = K Q_x^T (m64n8k16 wgmma in S's group, the tile as A), their
 //     softmax runs on producer warps 0-1 (keys 0-31; the two warps swap row maxima through shared
 //     memory), P_x goes to the consumers beside P, and each consumer warp adds its 64 columns of
@@ -88,7 +88,7 @@
 // How to run
 //   kdtr verify -k flash-sm90 ci     correctness on the committed goldens (needs an sm_90 GPU)
 //   kdtr bench  -k flash-sm90 --model deepseek-v3 --tp 8 --budget 64,256 --prefix 8k,32k
-//   Compiled for sm_90a only (kdtr.kernels.compile_targets); the launch plan is kdtr/flash_plan.py's.
+//   Compiled for sm_90a only (kdtr.kernels.compile_targets); the launch plan is kdtr/kernels/flash/plan.py's.
 //   Experiment knobs (NVRTC -D): KDTR_F90_STAGES=3 or 4 with KDTR_F90_EXPERIMENT to lift the 99 KB
 //   assert (129 / 166 KB: copies one or two more tiles ahead; docs/PERF.md); KDTR_F90_PROFILE: cycles
 //   per main-loop section (and the prologue's steps) into kdtr_f90_prof (scripts/f90_profile.py);
@@ -113,7 +113,7 @@
 #include "kdtr_common.cuh"
 // the combine launch's partial rows in flight per warp (flash_split.cuh): 9, so that its 8 warps x 9 = 72
 // take Kimi T9 B1's 65-66 splits in one step (8 took two: ~1 us more, docs/PERF.md session 14);
-// flash_verify.cu keeps 8 (at 9 its sm_120 build spills)
+// flash.cu keeps 8 (at 9 its sm_120 build spills)
 #ifndef KDTR_COMBINE_BATCH
 #define KDTR_COMBINE_BATCH 9
 #endif
@@ -237,13 +237,13 @@ static_assert(32 * COMBINE_WARPS == 256 && (COMBINE_RED_FLOATS + 1) * 4 <= STAGE
 
 }  // namespace f90
 
-// Read by kdtr/flash.py (module.get_global) so the launcher never restates these numbers.
+// Read by kdtr/kernels/flash/kernel.py (module.get_global) so the launcher never restates these numbers.
 extern "C" __constant__ int kdtr_flash90_config[14] = {f90::BN, f90::STAGES, f90::MAX_T, f90::Smem::bytes,
                                                       f90::NTHREADS, 32 * COMBINE_WARPS, COMBINE_MAX_CHUNKS,
                                                       f90::TMA_BOX_COLS, f90::TMA_BOX_SLABS, COMBINE_ROWS_MAX_SPLITS,
                                                       kdtr::WORK_INTS, kdtr::JOB_INTS, NARROW_BATCH, COMBINE_ROWS_BATCH};
 
-// The KV cache as a TMA tensor (a CUtensorMap, 128 opaque bytes): kdtr/tma.py encodes it on the host
+// The KV cache as a TMA tensor (a CUtensorMap, 128 opaque bytes): kdtr/kernels/flash/tma.py encodes it on the host
 // as 3-D bf16 (64 columns, num_pages * page_size slots, 9 slabs; the slab dimension a 128-byte stride),
 // box TMA_BOX_COLS x BN x TMA_BOX_SLABS, 128-byte swizzle: a box lands slab by slab, each key's 128-byte
 // row XOR-swizzled, exactly as copy_tile lays a stage out. The launcher passes it by value beside
@@ -660,10 +660,10 @@ __device__ __forceinline__ int find_tail_tiles(const unsigned* mask_b, int r0, i
 // kernels
 // ---------------------------------------------------------------------------------------------
 // MERGE = 1: the splits are merged here (kdtr::merge_in_kernel), not by kdtr_flash_combine; only for
-// one-wave grids (kdtr/flash_plan.py). XR: 0, or XR_MAX when the last row tile takes the request's
-// 1..XR_MAX rows past a multiple of 64 as transposed rows (kdtr/flash_plan.py decides; see XR_MAX above).
+// one-wave grids (kdtr/kernels/flash/plan.py). XR: 0, or XR_MAX when the last row tile takes the request's
+// 1..XR_MAX rows past a multiple of 64 as transposed rows (kdtr/kernels/flash/plan.py decides; see XR_MAX above).
 // MERGE = 2 (segments): the grid is the work table `work`, a row of kdtr::WORK_INTS per CTA (grid
-// (pieces, 1, 1), kdtr/schedule.py), cut jobs merged by kdtr_flash_combine_jobs; else work is null
+// (pieces, 1, 1), kdtr/kernels/flash/schedule.py), cut jobs merged by kdtr_flash_combine_jobs; else work is null
 // and the grid is (row tiles, splits, B). Never with XR (its row tile is the grid's last).
 template <typename OutT, int BUG, int MERGE, int XR>
 __global__ void __launch_bounds__(f90::NTHREADS, XR == f90::XR_ONLY ? 2 : 1) kdtr_flash90_verify(const KdtrParams p,
@@ -711,7 +711,7 @@ __global__ void __launch_bounds__(f90::NTHREADS, XR == f90::XR_ONLY ? 2 : 1) kdt
   const int b = SEGMENTS ? cw.b : blockIdx.z, split = blockIdx.y, nsplit = p.num_splits;
   const int H = p.H, T = p.T, R = T * H, W = p.mask_words;
   // XONLY takes the rows past the last multiple of 64: all of a request of <= 8 rows, or the tail of one
-  // of 64 k + 1..8 rows beside a launch of its 64-row tiles (kdtr/flash_plan.py, the tail launch)
+  // of 64 k + 1..8 rows beside a launch of its 64-row tiles (kdtr/kernels/flash/plan.py, the tail launch)
   const int r0 = XONLY ? (R - 1) / BM * BM : (SEGMENTS ? cw.rt : blockIdx.x) * BM;
   // the last row tile's rows past BM (transposed products); the plan leaves at most XR there
   const int n_extra = XONLY ? min(XR_MAX, R - r0) : XR && blockIdx.x == gridDim.x - 1 ? max(0, min(XR, R - r0 - BM)) : 0;

@@ -1,12 +1,12 @@
-// flash_split.cuh -- the split-KV plan shared by the flash kernels (flash_verify.cu, flash_sm90.cu):
+// flash_split.cuh -- the split-KV plan shared by the flash kernels (flash.cu, flash_sm90.cu):
 // which keys each split walks, the planted bugs that live in that plan, and the merge of the
 // splits' partial results.
 //
-// Workspace layout written by the main kernels when num_splits > 1 (kdtr/flash_plan.py sizes it):
+// Workspace layout written by the main kernels when num_splits > 1 (kdtr/kernels/flash/plan.py sizes it):
 //   fp32 partial out [B, splits, R, 512], then fp32 partial lse [B, splits, R] (natural log,
 //   -inf for a split that saw no key of the row), then uint32 merge counters [B, row tiles, 2]
 //   (in-kernel merge only; zero before a launch, zero again after it); R = T * H rows per request.
-// Segments (flash-sm90 with a work table, kdtr/schedule.py): each CTA walks the piece its table row
+// Segments (flash-sm90 with a work table, kdtr/kernels/flash/schedule.py): each CTA walks the piece its table row
 // names; pieces of a cut job write fp32 partial out [slots, ROWS, 512] then lse [slots, ROWS] at their
 // slot (num_splits = slots), merged by kdtr_flash_combine_jobs<OutT, ROWS>; a job in one piece writes
 // out directly. A partial row index prow addresses both arrays: lse at prow, out at prow * 512.
@@ -15,8 +15,8 @@
 // COMBINE_MAX_CHUNKS) and block 32 * COMBINE_WARPS (decode batches: up to hundreds of splits), as
 // kdtr_flash_combine_narrow<OutT, COLS, WARPS> (32- or 64-column chunks: rows too few for 128-column chunks
 // to fill the GPU; 4 or 8 warps a CTA), or inside a main kernel that calls kdtr::merge_in_kernel (flash-sm90
-// on one-wave grids); kdtr/flash_plan.py decides. The merge kernels open with kdtr::pdl_wait(): on sm_90+
-// they are launched dependent on the main kernel (kdtr/pdl.py), which releases them at entry, so their
+// on one-wave grids); kdtr/kernels/flash/plan.py decides. The merge kernels open with kdtr::pdl_wait(): on sm_90+
+// they are launched dependent on the main kernel (kdtr/kernels/pdl.py), which releases them at entry, so their
 // launch overlaps its tail.
 
 #pragma once
@@ -72,9 +72,9 @@ struct CtaWork {
   long long lse_off;
 };
 
-// A work table row (kdtr/schedule.py WORK_FIELDS): request, row tile, prefix keys [lo, hi), tail, slot.
+// A work table row (kdtr/kernels/flash/schedule.py WORK_FIELDS): request, row tile, prefix keys [lo, hi), tail, slot.
 constexpr int WORK_INTS = 6;
-// A combine job row (kdtr/schedule.py JOB_FIELDS): request, first row, first slot, slots.
+// A combine job row (kdtr/kernels/flash/schedule.py JOB_FIELDS): request, first row, first slot, slots.
 constexpr int JOB_INTS = 4;
 
 template <int BN, int BUG, int ROWS>
@@ -114,15 +114,15 @@ __device__ __forceinline__ void for_each_tail_word(const unsigned* mask_b, int r
 }  // namespace kdtr
 
 constexpr int COMBINE_WARPS = 8;        // warps of the combine kernel (and of flash-sm90's in-kernel merge)
-constexpr int COMBINE_MAX_CHUNKS = 4;   // CTAs per row at most: column chunks (grid.z = 1, 2 or 4; kdtr/flash_plan.py picks)
+constexpr int COMBINE_MAX_CHUNKS = 4;   // CTAs per row at most: column chunks (grid.z = 1, 2 or 4; kdtr/kernels/flash/plan.py picks)
 constexpr int COMBINE_ROWS_MAX_SPLITS = 32;  // kdtr_flash_combine_rows: lane s holds split s's lse
 constexpr int COMBINE_ROWS_BATCH = 4;   // kdtr::merge_row_warp: partial rows in flight a warp over all 512 columns
 constexpr int ROW_F4_PER_LANE = KDTR_DV / 4 / 32;  // kdtr::merge_row_warp: float4 of a whole row per lane (4)
 constexpr int COMBINE_RED_FLOATS = COMBINE_WARPS * 129 + COMBINE_WARPS;  // shared scratch of merge_row
 // kdtr::merge_chunk_narrow (kdtr_flash_combine_narrow's body): COLS columns a unit and WARPS warps a CTA
-// (template arguments that kdtr/flash_plan.py picks: 32 or 64, 4 or 8), a float4 per lane; NARROW_BATCH loads
+// (template arguments that kdtr/kernels/flash/plan.py picks: 32 or 64, 4 or 8), a float4 per lane; NARROW_BATCH loads
 // a lane in flight make 288 splits one step at 32 columns and 8 warps (>= the 264 of two XR_ONLY CTAs on each
-// of 132 SMs), 144 at 64 columns, half that at 4 warps (kdtr/flash_plan.py reads it from the config array).
+// of 132 SMs), 144 at 64 columns, half that at 4 warps (kdtr/kernels/flash/plan.py reads it from the config array).
 constexpr int NARROW_BATCH = 9;
 constexpr float NARROW_FLOOR = -3.0e38f;  // below any lse; (floor - lse) * LOG2E overflows to -inf
 // shared scratch of merge_chunk_narrow<COLS, WARPS>: [warps][COLS / 4 lanes][max, weight sum, 4 sums]
@@ -367,7 +367,7 @@ __device__ __forceinline__ void merge_chunk_narrow(const KdtrParams& p, int row,
 }
 
 // The merge inside a main kernel, for a grid whose CTAs are all resident at once (one wave;
-// kdtr/flash_plan.py checks). Called by NWARPS warps (thread t: 0 .. 32 * NWARPS - 1) of every CTA of
+// kdtr/kernels/flash/plan.py checks). Called by NWARPS warps (thread t: 0 .. 32 * NWARPS - 1) of every CTA of
 // (request b, row tile rt = blockIdx.x) once this CTA's partials are written. Each CTA fences them and takes a
 // ticket; the last `mergers` to arrive merge, the others leave. The merge units are (row,
 // 128-column group) of rows [r0, r0 + nrows), unit u going to merger u % mergers. A merger waits
@@ -471,12 +471,12 @@ __device__ __forceinline__ void merge_row_warp(const PartOf<OutT>* ws_o, const f
 
 // One warp per output row (PARTS = 1) or half row (PARTS = 2, grid.z the half), COMBINE_WARPS rows per CTA,
 // grid (ceil(R / COMBINE_WARPS), B, PARTS), for splits <= COMBINE_ROWS_MAX_SPLITS (kdtr::merge_row_warp).
-// kdtr/flash_plan.py picks it where the rows alone fill the GPU (compute shapes), where kdtr_flash_combine's
+// kdtr/kernels/flash/plan.py picks it where the rows alone fill the GPU (compute shapes), where kdtr_flash_combine's
 // one row per CTA waited on three dependent round trips per row (docs/PERF.md, session 6: 0.75 TB/s); halves
 // where the splits pass COMBINE_ROWS_BATCH, so that they take half the round trips with twice the warps.
 template <typename OutT, int PARTS>
 __global__ void __launch_bounds__(32 * COMBINE_WARPS) kdtr_flash_combine_rows(const KdtrParams p) {
-  kdtr::pdl_wait();  // launched as dependent of the main kernel (kdtr/flash.py)
+  kdtr::pdl_wait();  // launched as dependent of the main kernel (kdtr/kernels/flash/kernel.py)
   static_assert(PARTS == 1 || PARTS == 2, "whole or half rows");
   const int R = p.T * p.H, S = p.num_splits, b = blockIdx.y;
   const int row = blockIdx.x * COMBINE_WARPS + (threadIdx.x >> 5);
@@ -491,10 +491,10 @@ __global__ void __launch_bounds__(32 * COMBINE_WARPS) kdtr_flash_combine_rows(co
 
 // Segments: the cut jobs' merge, one warp per row, grid (ROWS / COMBINE_WARPS, cut jobs); job row
 // blockIdx.y of `jobs` (JOB_INTS each) names the request, its first row and its slots, ROWS rows a
-// slot (kdtr/schedule.py; any number of slots).
+// slot (kdtr/kernels/flash/schedule.py; any number of slots).
 template <typename OutT, int ROWS>
 __global__ void __launch_bounds__(32 * COMBINE_WARPS) kdtr_flash_combine_jobs(const KdtrParams p, const int* jobs) {
-  kdtr::pdl_wait();  // launched as dependent of the main kernel (kdtr/flash.py)
+  kdtr::pdl_wait();  // launched as dependent of the main kernel (kdtr/kernels/flash/kernel.py)
   const int* job = jobs + (long long)blockIdx.y * kdtr::JOB_INTS;
   const int b = job[0], r0 = job[1], slot0 = job[2], S = job[3], rl = blockIdx.x * COMBINE_WARPS + (threadIdx.x >> 5);
   const int R = p.T * p.H, row = r0 + rl;
@@ -513,20 +513,20 @@ __global__ void __launch_bounds__(32 * COMBINE_WARPS) kdtr_flash_combine_jobs(co
 template <typename OutT, int COLS, int WARPS>
 __global__ void __maxnreg__(128) kdtr_flash_combine_narrow(const KdtrParams p) {  // 32 * WARPS threads
   __shared__ float red[narrow_red_floats(COLS, WARPS)];
-  kdtr::pdl_wait();  // launched as dependent of the main kernel (kdtr/flash.py)
+  kdtr::pdl_wait();  // launched as dependent of the main kernel (kdtr/kernels/flash/kernel.py)
   kdtr::merge_chunk_narrow<OutT, COLS, WARPS>(p, blockIdx.x, blockIdx.y, blockIdx.z, threadIdx.x >> 5, threadIdx.x & 31,
                                               red, [] { __syncthreads(); });
 }
 
 // One CTA per (row, request, column chunk): kdtr::merge_row over the chunk's columns. Decode
 // batches (few rows) run 4 chunks so the merge streams on more SMs; large batches one, which keeps
-// the CTA count (and its fixed cost) down (kdtr/flash_plan.py picks). Chunk 0 writes lse.
+// the CTA count (and its fixed cost) down (kdtr/kernels/flash/plan.py picks). Chunk 0 writes lse.
 // __maxnreg__, not __launch_bounds__(256): under those bounds ptxas gave it 32 registers and issued
 // each split's loads after the previous split's use (docs/PERF.md, session 9; tests/test_compile.py).
 template <typename OutT>
 __global__ void __maxnreg__(128) kdtr_flash_combine(const KdtrParams p) {  // 256 threads (COMBINE_WARPS)
   __shared__ float red[COMBINE_RED_FLOATS];
-  kdtr::pdl_wait();  // launched as dependent of the main kernel (kdtr/flash.py)
+  kdtr::pdl_wait();  // launched as dependent of the main kernel (kdtr/kernels/flash/kernel.py)
   const int cols = KDTR_DV / gridDim.z;
   kdtr::merge_row<OutT, COMBINE_WARPS, MERGE_BATCH_COMBINE>(p, blockIdx.x, blockIdx.y, blockIdx.z * cols, cols, threadIdx.x >> 5,
                                        threadIdx.x & 31, red, [] { __syncthreads(); });

@@ -2,9 +2,9 @@
 //
 // Every kernel kdtr launches (the built-in naive and flash kernels, and user kernels given as
 // `path/to/file.cu:symbol`) is a __global__ function taking ONE argument, `const KdtrParams p`,
-// by value. kdtr/abi.py mirrors this struct as a numpy structured dtype (same field order, C
+// by value. kdtr/kernels/contract.py mirrors this struct as a numpy structured dtype (same field order, C
 // alignment); tests/test_abi.py parses this file and keeps the two, the dimensions below and the
-// KdtrBug list equal to kdtr/presets.py and kdtr/bugs.py.
+// KdtrBug list equal to kdtr/inputs/presets.py and kdtr/kernels/bugs.py.
 //
 // Plain C types only (void*, int, unsigned, float): NVRTC compiles this without system headers.
 //
@@ -72,7 +72,7 @@ struct KdtrParams {
 #define KDTR_WORKSPACE_BYTES(B, T, H, splits) \
   ((long long)(splits) * (B) * (T) * (H) * (KDTR_DV + 2) * 4 + (long long)(B) * (T) * (H) * 4)
 
-// Planted bugs (kdtr/bugs.py defines each one; same names and values): kernels take one as the
+// Planted bugs (kdtr/kernels/bugs.py defines each one; same names and values): kernels take one as the
 // compile-time template parameter BUG so that kdtr can prove its checks catch it.
 enum KdtrBug {
   KDTR_BUG_NONE = 0,

@@ -97,7 +97,7 @@ __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_gr
 
 __device__ __forceinline__ unsigned ld_u32(const __nv_bfloat16* p) { return *reinterpret_cast<const unsigned*>(p); }
 
-// ---- ldmatrix and mma.sync (sm_80+): flash_verify.cu's products, flash_sm90.cu's transposed rows --
+// ---- ldmatrix and mma.sync (sm_80+): flash.cu's products, flash_sm90.cu's transposed rows --
 
 __device__ __forceinline__ void ldsm_x4(unsigned (&r)[4], unsigned addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
@@ -132,7 +132,7 @@ __device__ __forceinline__ void store2<__nv_bfloat16>(__nv_bfloat16* dst, float 
 
 // ---- programmatic dependent launch (sm_90+; no-ops below sm_90 and for launches that did not ask) ----
 
-// the next launch of the stream may be scheduled now (kdtr/launch.py marks it dependent); its wait
+// the next launch of the stream may be scheduled now (kdtr/kernels/launch.py marks it dependent); its wait
 // below still holds it until this grid has finished and its writes are visible
 __device__ __forceinline__ void pdl_launch_dependents() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900

@@ -2,7 +2,7 @@
 import json
 import sys
 
-from kdtr import bench_commands
+from kdtr.cli import bench_commands
 
 out_json, out_csv, out_png, *inputs = sys.argv[1:]
 parts = [json.load(open(p)) for p in inputs]

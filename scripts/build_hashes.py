@@ -7,7 +7,7 @@ each cubin's md5 (docs/PERF.md, session 20: builds of the same code timed 1-2 us
 import hashlib
 import sys
 
-from kdtr import kernels, nvrtc
+from kdtr.kernels import registry as kernels, nvrtc
 
 NAMES = ["kdtr_flash90_verify<__nv_bfloat16, 0, 0, 0>", "kdtr_flash90_verify<__nv_bfloat16, 0, 1, 0>",
          "kdtr_flash90_verify<__nv_bfloat16, 0, 0, 1>", "kdtr_flash_combine_narrow<__nv_bfloat16, 64, 4>"]

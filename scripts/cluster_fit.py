@@ -8,9 +8,9 @@ merge through distributed shared memory in one wave: DeepSeek T65 P8k B1 is 17 r
 """
 import ctypes
 
-from kdtr import kernels
-from kdtr.launch import CTYPES, device_info, function_ptr, load_function
-from kdtr.pdl import LaunchConfig
+from kdtr.kernels import registry as kernels
+from kdtr.kernels.launch import CTYPES, device_info, function_ptr, load_function
+from kdtr.kernels.pdl import LaunchConfig
 
 CLUSTER_DIMENSION = 4
 """CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION (cuda.h)."""

@@ -18,11 +18,12 @@ import sys
 
 import numpy as np
 
-from kdtr import bench, kernels
-from kdtr.launch import _cupy, device_info, make_launcher
-from kdtr.timing import _HOLD, cold_run, l2_flush_bytes
+from kdtr.bench import run as bench
+from kdtr.kernels import registry as kernels
+from kdtr.kernels.launch import cupy_module, device_info, make_launcher
+from kdtr.bench.timing import _HOLD, cold_run, l2_flush_bytes
 
-cp = _cupy()
+cp = cupy_module()
 flush = cp.empty(l2_flush_bytes(device_info()["l2_bytes"]) // 4, cp.int32)
 hold = cp.RawKernel(_HOLD, "kdtr_hold")
 PRODUCER = ("tile wait", "S issue", "S wait+softmax", "P store", "P-full wait")

@@ -248,7 +248,7 @@ for mode in "${@:-check}"; do
       ci_verify flash flash-sm90
       flash_tests
       ;;
-    pdl)  # dependent combine launches (kdtr/pdl.py): ci for both kernels (flash-sm90 also with KDTR_PDL=0), every flash
+    pdl)  # dependent combine launches (kdtr/kernels/pdl.py): ci for both kernels (flash-sm90 also with KDTR_PDL=0), every flash
           # test (the dependent-launch probe included), both under the sanitizers, then this tree timed with KDTR_PDL=0
           # and 1 alternately (separate processes) and, dependent, with the combine launch instead of the in-kernel merge
       ci_verify flash flash-sm90
@@ -352,7 +352,7 @@ for mode in "${@:-check}"; do
       stage ab_xonly timeout 300 python3 scripts/sm90_ablate.py xonly planned= xr0=KDTR_FLASH_XR=0 xr1=KDTR_FLASH_XR=1
       grep -v Warn "$LOGS/ab_xonly.log" | tail -n 30 >>"$SUMMARY"
       ;;
-    seg)  # flash-sm90's segments (work table, kdtr/schedule.py): ci planned and forced, every flash test, ci and the
+    seg)  # flash-sm90's segments (work table, kdtr/kernels/flash/schedule.py): ci planned and forced, every flash test, ci and the
           # forced paths under the sanitizers, then timings with segments off and as planned, on one machine
       ci_verify flash-sm90
       KDTR_FLASH_SEGMENTS=1 stage verify_seg1_ci timeout 90 $KDTR verify -k flash-sm90 ci --repeat 3 --json "$LOGS/verify_seg1_ci.json"
@@ -413,7 +413,7 @@ for mode in "${@:-check}"; do
       done
       ;;
     probe)  # does racecheck understand named-barrier hand-offs? then flash-sm90 under racecheck, with source lines
-      san=$(python3 -c "from kdtr.isolate import find_sanitizer as f; print(f() or 'compute-sanitizer')")
+      san=$(python3 -c "from kdtr.check.isolate import find_sanitizer as f; print(f() or 'compute-sanitizer')")
       for m in none sync arrive pingpong flash; do
         timeout 60 "$san" --tool racecheck python3 scripts/racecheck_probe.py $m >"$LOGS/probe_$m.log" 2>&1
         note "probe $m: $(grep -E 'RACECHECK SUMMARY|out\[' "$LOGS/probe_$m.log" | tr '\n' ' ')"

@@ -13,8 +13,10 @@ import sys
 
 import numpy as np
 
-from kdtr import bench, kernels
-from kdtr.verify import find_bundles, run_verify
+from kdtr.bench import run as bench
+from kdtr.kernels import registry as kernels
+from kdtr.golden.store import find_bundles
+from kdtr.check.suite import run_verify
 
 BITS_SHAPES = (bench.grid(["deepseek-v3"], [8], [64], [8192], [1, 8]) + bench.grid(["deepseek-v3"], [8], [256], [8192], [1])
                + bench.grid(["kimi-k2"], [8], [4, 8], [32768], [1]) + bench.grid(["kimi-k2"], [8], [8], [32768], [8]))

@@ -15,9 +15,9 @@ with 17 or 4 loads a lane in flight. A timing aid for docs/PERF.md: nothing here
 """
 import numpy as np
 
-from kdtr.launch import _cupy, device_info
+from kdtr.kernels.launch import cupy_module, device_info
 
-cp = _cupy()
+cp = cupy_module()
 S, R, DV, MERGERS, THREADS = 129, 8, 512, 32, 256
 SRC = r"""
 template <int BATCH>

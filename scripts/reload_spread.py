@@ -18,8 +18,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from kdtr import bench, kernels, launch
-from kdtr.timing import l2_flush_bytes, measure_peaks, time_launcher
+from kdtr.bench import run as bench
+from kdtr.kernels import registry as kernels, launch
+from kdtr.bench.timing import l2_flush_bytes, measure_peaks, time_launcher
 
 args = [a for a in sys.argv[1:] if not a.startswith("--")]
 K = int(args[0]) if args else 8
@@ -33,7 +34,7 @@ PAD = """extern "C" __global__ void kdtr_pad(float* x) {
   x[threadIdx.x] = a;
 }"""
 
-cp = launch._cupy()
+cp = launch.cupy_module()
 copies = Path(tempfile.mkdtemp(prefix="kdtr-reload-"))
 RawModule = cp.RawModule
 

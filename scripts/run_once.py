@@ -4,8 +4,8 @@
 """
 import sys
 
-from kdtr import bench
-from kdtr.kernels import resolve_kernel
+from kdtr.bench import run as bench
+from kdtr.kernels.registry import resolve_kernel
 
 name, model, tp, budget, prefix, batch = sys.argv[1:7]
 spec = bench.grid([model], [int(tp)], [int(budget)], [int(prefix)], [int(batch)])[0]

@@ -12,7 +12,7 @@ builds first, `knobs` scripts/knob_verify.py).
 first build timed is not on equal terms with the others on Kimi decode (docs/PERF.md, session 20; session 21 found
 it is neither where the code nor where the inputs land).
 
-OPTS may also hold kdtr/knobs.py variables (NAME=VALUE words, e.g. s48="KDTR_FLASH_SPLITS=48"): they are
+OPTS may also hold kdtr/kernels/knobs.py variables (NAME=VALUE words, e.g. s48="KDTR_FLASH_SPLITS=48"): they are
 set only while that variant's launch is planned, so one process times the plan's choice beside forced ones.
 
 SHAPES: "default" (a compute and a memory mix), "balance" (the one-wave shapes whose last split
@@ -20,7 +20,7 @@ also walks the tree tail: B1 decode and the small compute shapes), "decode" (Kim
 (Kimi T9, whose 72 rows take the transposed-rows build, and a few shapes that do not), "tail" (Kimi requests of 64 k + 8 rows: T9 and T17, where the rows past 64 k run as a second launch), "xonly" (Kimi decode,
 whose 8 rows are all transposed (XR_ONLY) where forced or where the 64-row plan takes several waves), "xrmodel" (T9
 batches where the plan's model takes them and nothing had timed them), "segments" (the DeepSeek T65
-shapes where kdtr/schedule.py's work table replaces uniform splits, and a few it leaves), "recheck" (the
+shapes where kdtr/kernels/flash/schedule.py's work table replaces uniform splits, and a few it leaves), "recheck" (the
 shapes a sweep moved by more than noise: an older tree against this one).
 Run with PYTHONPATH set to an exported older tree to time that tree's kernel on the same machine
 (gpu_check.sh abtree).
@@ -30,9 +30,10 @@ import os
 import subprocess
 import sys
 
-from kdtr import bench, kernels
-from kdtr.presets import BENCH_GRIDS
-from kdtr.timing import measure_peaks
+from kdtr.bench import run as bench
+from kdtr.kernels import registry as kernels
+from kdtr.inputs.presets import BENCH_GRIDS
+from kdtr.bench.timing import measure_peaks
 
 DEFAULT = {
     "base": "",
@@ -73,7 +74,7 @@ SHAPES = {
     # S(i+1) ahead of P V(i), at 2 and 3 stages (session 19): the 64-row builds' tile chain (decode and compute), XR and XR_ONLY
     "sfirst": (bench.grid(["kimi-k2"], [8], [0, 4, 8], [32768, 131072], [1]) + bench.grid(["kimi-k2"], [8], [0, 4, 8], [32768], [32])
                + bench.grid(["deepseek-v3"], [8], [64], [8192], [1, 8]) + bench.grid(["deepseek-v3"], [8], [256], [8192, 32768], [1])),
-    # the issue's whole sweep (kdtr/presets.py BENCH_GRIDS): what a build does to every target at once
+    # the issue's whole sweep (kdtr/inputs/presets.py BENCH_GRIDS): what a build does to every target at once
     "sweep": bench.grid(**BENCH_GRIDS["compute"]) + bench.grid(**BENCH_GRIDS["memory"]),
     # the prologue's Q load (session 19): the 64-row B1 launches whose prologue is a large part
     "qload": (bench.grid(["kimi-k2"], [8], [4, 8], [32768, 131072], [1]) + bench.grid(["deepseek-v3"], [8], [64], [8192, 32768], [1])),
@@ -128,7 +129,7 @@ if "--apart" in sys.argv:
 
 
 class WithKnobs:
-    """A flash-sm90 build whose launches are planned under some KDTR_* knob values (kdtr/knobs.py)."""
+    """A flash-sm90 build whose launches are planned under some KDTR_* knob values (kdtr/kernels/knobs.py)."""
 
     def __init__(self, kernel, knobs: dict):
         self.kernel, self.knobs = kernel, knobs

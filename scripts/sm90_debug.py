@@ -12,10 +12,10 @@ import sys
 
 import numpy as np
 
-from kdtr.cases import CaseSpec, build_problem
-from kdtr import kernels
-from kdtr.kernels import resolve_kernel
-from kdtr.reference import reference
+from kdtr.inputs.cases import CaseSpec, build_problem
+from kdtr.kernels import registry as kernels
+from kdtr.kernels.registry import resolve_kernel
+from kdtr.golden.reference import reference
 
 CASES = [
     CaseSpec(heads=64, prefix_lens=(32,), family="root", out_dtype="fp32"),

@@ -21,11 +21,12 @@ import os
 
 import numpy as np
 
-from kdtr import bench, kernels
-from kdtr.launch import _cupy, device_info, make_launcher
-from kdtr.timing import _HOLD, cold_run, l2_flush_bytes
+from kdtr.bench import run as bench
+from kdtr.kernels import registry as kernels
+from kdtr.kernels.launch import cupy_module, device_info, make_launcher
+from kdtr.bench.timing import _HOLD, cold_run, l2_flush_bytes
 
-cp = _cupy()
+cp = cupy_module()
 info = device_info()
 SMS = info["sm_count"]
 flush = cp.empty(l2_flush_bytes(info["l2_bytes"]) // 4, cp.int32)
@@ -115,8 +116,8 @@ def launches(kernel, args) -> list:
 
 def probe3d(promotion: str):
     """probe(pages=True) through the kernel's own tensor map and box (64 columns x 32 keys x 9 slabs, 128-byte
-    swizzle) over a 64-token page cache, with L2 promotion ``promotion`` (kdtr/tma.py's names)."""
-    from kdtr import tma
+    swizzle) over a 64-token page cache, with L2 promotion ``promotion`` (kdtr/kernels/flash/tma.py's names)."""
+    from kdtr.kernels.flash import tma
 
     k = cp.RawKernel(PROBE, "kdtr_sm_probe3d")
     k.max_dynamic_shared_size_bytes = SMEM

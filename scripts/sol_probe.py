@@ -18,11 +18,11 @@ import sys
 
 import numpy as np
 
-from kdtr import bench
-from kdtr.cases import build_problem
-from kdtr.kernels import resolve_kernel
-from kdtr.launch import _cupy, device_info
-from kdtr.timing import l2_flush_bytes, measure_peaks, time_launcher
+from kdtr.bench import run as bench
+from kdtr.inputs.cases import build_problem
+from kdtr.kernels.registry import resolve_kernel
+from kdtr.kernels.launch import cupy_module, device_info
+from kdtr.bench.timing import l2_flush_bytes, measure_peaks, time_launcher
 
 SRC = r"""
 extern "C" __global__ void empty_kernel() {}
@@ -112,7 +112,7 @@ def variants(mod, sms: int, buf, nbytes: int, sink):
 
 
 def main(argv: list[str]) -> None:
-    cp = _cupy()
+    cp = cupy_module()
     flush_modes = ("read", "write") if "--flush" in argv else ("read",)
     names = [a for a in argv if not a.startswith("--")]
     mod = cp.RawModule(code=SRC, options=("-std=c++17",))

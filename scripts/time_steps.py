@@ -7,10 +7,10 @@ docs/PERF.md (decode shapes, where fixed costs dominate); nothing here is checke
 import os
 import sys
 
-from kdtr import bench
-from kdtr.kernels import resolve_kernel
-from kdtr.launch import make_launcher
-from kdtr.timing import time_launcher
+from kdtr.bench import run as bench
+from kdtr.kernels.registry import resolve_kernel
+from kdtr.kernels.launch import make_launcher
+from kdtr.bench.timing import time_launcher
 
 kernel = resolve_kernel(sys.argv[1] if len(sys.argv) > 1 else "flash-sm90")
 shape_set = sys.argv[2] if len(sys.argv) > 2 else "decode"

@@ -8,9 +8,9 @@ docs/PERF.md: nothing here is checked.
 import sys
 from pathlib import Path
 
-from kdtr.launch import _cupy, device_info, load_function
+from kdtr.kernels.launch import cupy_module, device_info, load_function
 
-cp = _cupy()
+cp = cupy_module()
 SRC = Path(__file__).with_name("wgmma_probe.cu")
 MODES = {
     0: ("S: 36 x m64n32k16, one accumulator", {0: 36 * 64 * 32 * 16}),

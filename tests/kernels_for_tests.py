@@ -14,8 +14,8 @@ import time
 
 import numpy as np
 
-from kdtr.emulate import emulate_flash
-from kdtr.problem import Problem
+from kdtr.kernels.emulate import emulate_flash
+from kdtr.inputs.problem import Problem
 
 BIG_T = 5
 

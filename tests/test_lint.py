@@ -1,5 +1,5 @@
 """pyflakes over the package, its scripts and its tests: an undefined name in a GPU-only path (the
-session-13 split of kdtr/flash_plan.py left kdtr/flash.py using DK without importing it, a line no CPU
+session-13 split of kdtr/kernels/flash/plan.py left kdtr/kernels/flash/kernel.py using DK without importing it, a line no CPU
 test reached) fails here, on the CPU, instead of on the next GPU run. Unused imports count too."""
 
 from __future__ import annotations

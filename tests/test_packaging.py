@@ -6,7 +6,7 @@ import glob
 import tomllib
 from pathlib import Path
 
-from kdtr.nvrtc import CUDA_DIR, find_cuda_dir
+from kdtr.kernels.nvrtc import CUDA_DIR, find_cuda_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -1,0 +1,141 @@
+"""Torch baselines for `kdtr bench`: the same operator as plain framework code.
+
+torch-eager: bf16 matmuls and an fp32 masked softmax, one request at a time (what a server
+without a custom kernel runs). torch-sdpa: scaled_dot_product_attention with a boolean mask.
+torch-flex: FlexAttention with a tree mask_mod (compiled; it may refuse Dk = 576). The paged
+cache is gathered inside the timed region, as a server would have to. Each baseline reads the
+same device buffers as the CUDA kernels (DLPack views of kdtr.launch.DeviceProblem).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kdtr.kernels.registry import Caps
+from kdtr.inputs.presets import DV
+from kdtr.inputs.trees import unpack_mask
+
+CAPS = Caps(kv_dtypes=("bf16",))
+
+
+def _mm_f32(torch):
+    """bf16 x bf16 -> fp32 matmul (torch.mm's out_dtype where this torch has it, else upcast)."""
+    a = torch.ones(2, 2, device="cuda", dtype=torch.bfloat16)
+    try:
+        torch.mm(a, a, torch.float32)
+        return lambda x, y: torch.mm(x, y, torch.float32)
+    except (TypeError, RuntimeError):
+        return lambda x, y: torch.mm(x, y).float()
+
+
+class TorchBaseline:
+    """One baseline (``impl`` in eager, sdpa, flex); runs on bf16 storage."""
+
+    writes_lse = False
+
+    def __init__(self, impl: str):
+        self.impl, self.name, self.caps = impl, f"torch-{impl}", CAPS
+        self.broken: str | None = None
+        """Set when FlexAttention failed to compile: later shapes fail at once instead of recompiling."""
+
+    def prepare(self, dp):
+        import torch
+
+        if self.broken:
+            raise RuntimeError(self.broken)
+
+        pr = dp.problem
+        T, H, R = pr.T, pr.H, pr.T * pr.H
+        q = torch.from_dlpack(dp.q.view("int16")).view(torch.bfloat16).reshape(pr.B, R, -1)
+        kv = torch.from_dlpack(dp.kv_cache.view("int16")).view(torch.bfloat16).reshape(-1, pr.kv_cache.shape[-1])
+        out_dt = torch.float32 if dp.out_dtype == "fp32" else torch.bfloat16
+        out = torch.from_dlpack(dp.out.view("int16") if dp.out_dtype == "bf16" else dp.out)
+        out = (out.view(torch.bfloat16) if dp.out_dtype == "bf16" else out).reshape(pr.B, R, DV)
+        slots = [torch.as_tensor(pr.tokens(b), device="cuda") for b in range(pr.B)]
+        tails = [torch.as_tensor(np.repeat(unpack_mask(pr.tree_mask[b], T), H, axis=0), device="cuda") for b in range(pr.B)]
+        P = [int(x) for x in pr.prefix_lens]
+        scale = float(pr.scale)
+        fn = {"eager": self._eager, "sdpa": self._sdpa, "flex": self._flex}[self.impl]
+        go = fn(torch, q, kv, out, out_dt, slots, tails, P, scale, T, H)
+        if self.impl == "flex":  # compile now, so a failure is reported once and remembered
+            try:
+                go()
+                torch.cuda.synchronize()
+            except Exception as e:
+                self.broken = f"FlexAttention failed ({type(e).__name__}: {' '.join(str(e).split())[:120]})"
+                raise RuntimeError(self.broken) from None
+        return go
+
+    @staticmethod
+    def _mask(torch, tail, P):
+        return torch.cat([torch.ones(tail.shape[0], P, dtype=torch.bool, device="cuda"), tail], dim=1)
+
+    def _eager(self, torch, q, kv, out, out_dt, slots, tails, P, scale, T, H):
+        mm = _mm_f32(torch)
+
+        def go():
+            for b in range(q.shape[0]):
+                k = kv[slots[b]]  # [P + T, 576] gathered from the pages
+                s = mm(q[b], k.t()) * scale  # [R, P + T] bf16 matmul, fp32 scores
+                s[:, P[b]:].masked_fill_(~tails[b], float("-inf"))
+                p = torch.softmax(s, dim=-1).to(torch.bfloat16)  # fp32 softmax, P rounded to bf16
+                out[b].copy_(mm(p, k[:, :DV]).to(out_dt))
+        return go
+
+    def _sdpa(self, torch, q, kv, out, out_dt, slots, tails, P, scale, T, H):
+        import torch.nn.functional as F
+
+        masks = [self._mask(torch, tails[b], P[b]) for b in range(q.shape[0])]
+
+        def go():
+            for b in range(q.shape[0]):
+                k = kv[slots[b]]
+                o = F.scaled_dot_product_attention(q[b][None], k[None], k[None, :, :DV], attn_mask=masks[b][None], scale=scale)
+                out[b].copy_(o[0].to(out_dt))
+        return go
+
+    def _flex(self, torch, q, kv, out, out_dt, slots, tails, P, scale, T, H):
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+        compiled = torch.compile(flex_attention, dynamic=False)
+        runs = []
+        for b in range(q.shape[0]):
+            full = self._mask(torch, tails[b], P[b])
+
+            def mask_mod(bb, hh, qi, kj, full=full):
+                return full[qi, kj]
+
+            bm = create_block_mask(mask_mod, None, None, full.shape[0], full.shape[1], device="cuda")
+            runs.append(bm)
+
+        def go():
+            for b in range(q.shape[0]):
+                k = kv[slots[b]]
+                o = compiled(q[b][None, None], k[None, None], k[None, None, :, :DV], block_mask=runs[b], scale=scale)
+                out[b].copy_(o[0, 0].to(out_dt))
+        return go
+
+    def run(self, problem, out_dtype: str):
+        from kdtr.kernels.launch import DeviceProblem
+
+        return self.run_on(DeviceProblem(problem, out_dtype))
+
+    def run_on(self, dp):
+        from kdtr.kernels.launch import RunOutput, cupy_module, synchronize
+
+        go = self.prepare(dp)
+        dp.poison()
+        go()
+        synchronize(cupy_module(), self.name)
+        out, _ = dp.download()
+        return RunOutput(out, None, 0.0)
+
+
+BASELINES = ("eager", "sdpa", "flex")
+
+
+def baseline(name: str) -> TorchBaseline:
+    impl = name.removeprefix("torch-")
+    if impl not in BASELINES:
+        raise ValueError(f"unknown baseline {name!r}; known: {', '.join('torch-' + b for b in BASELINES)}")
+    return TorchBaseline(impl)

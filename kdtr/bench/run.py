@@ -1,0 +1,235 @@
+"""`kdtr bench`: time kernels over serving shapes against the GPU's own roofline.
+
+Per shape: build the layout (paged cache, DDTree trees), draw fresh random values on the GPU,
+check every implementation once against a reference (exact float64 for small shapes, the
+naive fp32 kernel for large ones; a failing implementation is not timed), then time each with
+CUDA events, warm-up, a flushed L2 and a median over repetitions (kdtr.timing.time_launcher).
+
+FLOPs count visible (q, key) pairs only, 2 * H * sum_t (P_b + depth_t + 1) * (576 + 512);
+bytes are the minimum: the KV each request owns read once, q read, out and lse written.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from kdtr.inputs import presets
+from kdtr.inputs.cases import CaseSpec, build_problem
+from kdtr.inputs.presets import DK, DV
+from kdtr.inputs.problem import visible_flops
+
+EXACT_REF_LIMIT = 1 << 28
+"""rows x keys above which the gate's reference is the naive kernel, not the CPU float64 one."""
+
+
+def min_bytes(problem, out_dtype: str) -> int:
+    """KV read once per request + q read + out and lse written."""
+    es = presets.dtype_of(problem.kv_dtype).itemsize
+    kv = int((problem.prefix_lens.astype(np.int64) + problem.T).sum()) * DK * es
+    rows = problem.B * problem.T * problem.H
+    return kv + rows * DK * es + rows * DV * presets.dtype_of(out_dtype).itemsize + rows * 4
+
+
+def roofline_ms(flops: int, nbytes: int, peaks: dict) -> float:
+    return max(flops / (peaks["gemm_tflops"] * 1e12), nbytes / (peaks["copy_gbs"] * 1e9)) * 1e3
+
+
+def grid(models, tps, budgets, prefixes, batches, page_size=64, kv_dtype="bf16", out_dtype="bf16",
+         family="ddtree", profile="mixed", seed=0) -> list[CaseSpec]:
+    """Cases from option lists: every (model, tp, budget, prefix, batch); a batch of B repeats P."""
+    specs = []
+    for m, tp, bud, p, b in itertools.product(models, tps, budgets, prefixes, batches):
+        mod = presets.model(m)
+        fam = "root" if bud == 0 and family == "ddtree" else family
+        specs.append(CaseSpec(model=mod.name, heads=mod.heads_per_gpu(tp), prefix_lens=(p,) * b, family=fam,
+                              budget=bud, profile=profile, page_size=page_size, kv_dtype=kv_dtype,
+                              out_dtype=out_dtype, seed=seed))
+    return specs
+
+
+@dataclass
+class Cell:
+    """One implementation on one shape."""
+
+    impl: str
+    """Kernel or baseline name."""
+    status: str
+    """"ok", or why it was not timed (FAIL_NUMERIC..., "error: ...", "skipped: ...")."""
+    median_ms: float | None = None
+    """Median device time."""
+    iqr_ms: float | None = None
+    """Interquartile range of the repetitions."""
+    reps: int = 0
+    """Timed repetitions."""
+    tflops: float | None = None
+    """Visible FLOPs / median time."""
+    gbs: float | None = None
+    """Minimum bytes / median time."""
+    pct_roofline: float | None = None
+    """Roofline time / median time."""
+    speedup: float | None = None
+    """First timed baseline's median / this median."""
+
+
+@dataclass
+class Row:
+    """One shape of the sweep."""
+
+    shape: str
+    """Case name."""
+    dims: dict
+    """B, T, H, P, page, dtypes, budget, model."""
+    flops: int
+    """Visible-pair FLOPs."""
+    nbytes: int
+    """Minimum bytes."""
+    roofline_ms: float
+    """max(flops / GEMM peak, bytes / copy peak)."""
+    bound: str
+    """"compute" or "memory": which floor is larger."""
+    cells: list[Cell] = field(default_factory=list)
+    """One per implementation, in the order given."""
+
+
+def device_problem(spec: CaseSpec, seed: int = 0):
+    """The shape's layout on the GPU with fresh random q and cache drawn from ``seed`` (bench inputs, never zeros):
+    what every timing of a shape runs on."""
+    from kdtr.kernels.launch import DeviceProblem
+
+    dp = DeviceProblem(build_problem(spec, values=False)[0], spec.out_dtype)
+    dp.randomize(seed)
+    return dp
+
+
+def bench_shape(spec: CaseSpec, impls: list, peaks: dict, seed: int = 0, check: bool = True, time_kw=None) -> Row:
+    """Check, then time every implementation on one shape (all on the same device inputs)."""
+    from kdtr.check.compare import compare
+    from kdtr.bench.timing import l2_flush_bytes, time_launcher
+    from kdtr.golden.tolerances import default
+
+    dp = device_problem(spec, seed)
+    layout = dp.problem
+    flops, nbytes = visible_flops(layout.prefix_lens, layout.tree_depth, layout.H), min_bytes(layout, spec.out_dtype)
+    roof = roofline_ms(flops, nbytes, peaks)
+    bound = "compute" if flops / (peaks["gemm_tflops"] * 1e12) > nbytes / (peaks["copy_gbs"] * 1e9) else "memory"
+    row = Row(spec.name, {"B": spec.B, "T": spec.T, "H": spec.H, "P": max(spec.prefix_lens), "budget": spec.budget,
+                          "model": spec.model, "page": spec.page_size, "kv": spec.kv_dtype, "out": spec.out_dtype},
+              flops, nbytes, roof, bound)
+    want = _gate_reference(dp, spec) if check else None
+    flush = l2_flush_bytes(peaks.get("l2_bytes"))
+    base_ms = None
+    for impl in impls:
+        cell = Cell(impl.name, "ok")
+        why = impl.caps.why_not(layout, spec.out_dtype)
+        if why:
+            cell.status = f"skipped: {why}"
+            row.cells.append(cell)
+            continue
+        try:
+            if want is not None:
+                got = impl.run_on(dp) if hasattr(impl, "run_on") else impl.run(dp.download_inputs(), spec.out_dtype)
+                chk = compare(got.out, want, default(spec.kv_dtype, spec.out_dtype, "out"))
+                if chk.status.failed:
+                    cell.status = f"{chk.status.value}: {chk.message}"
+                    row.cells.append(cell)
+                    continue
+            t = time_launcher(impl.prepare(dp), flush_bytes=flush, **(time_kw or {}))
+        except Exception as e:  # OOM, compile failure of a baseline...: the cell says so, the sweep goes on
+            cell.status = f"error: {type(e).__name__}: {' '.join(str(e).split())[:160]}"
+            row.cells.append(cell)
+            continue
+        ms = t["median_ms"]
+        cell.median_ms, cell.iqr_ms, cell.reps = ms, t["iqr_ms"], t["reps"]
+        cell.tflops, cell.gbs = flops / (ms * 1e-3) / 1e12, nbytes / (ms * 1e-3) / 1e9
+        cell.pct_roofline = roof / ms
+        if base_ms is None and impl.name.startswith("torch-"):
+            base_ms = ms
+        row.cells.append(cell)
+    for c in row.cells:
+        if c.median_ms and base_ms:
+            c.speedup = base_ms / c.median_ms
+    return row
+
+
+def _gate_reference(dp, spec: CaseSpec) -> np.ndarray:
+    """[B, T, H, 512] float64: exact CPU reference for small shapes, else the naive fp32 kernel."""
+    from kdtr.kernels.registry import resolve_kernel
+    from kdtr.golden.reference import reference
+
+    keys = max(spec.prefix_lens) + spec.T
+    if spec.B * spec.T * spec.H * keys <= EXACT_REF_LIMIT:
+        return reference(dp.download_inputs())[0]
+    return resolve_kernel("naive").run_on(dp).out.astype(np.float64)
+
+
+def compare_runs(old: dict, new: dict, noise: float = 0.02) -> list[dict]:
+    """Per (shape, impl) change new/old, flagged only beyond the measured spread of both runs."""
+    def cells(rep):
+        return {(r["shape"], c["impl"]): c for r in rep["rows"] for c in r["cells"] if c.get("median_ms")}
+
+    a, b = cells(old), cells(new)
+    out = []
+    for key in sorted(set(a) & set(b)):
+        o, n = a[key], b[key]
+        spread = (o["iqr_ms"] + n["iqr_ms"]) / 2 + noise * o["median_ms"]
+        delta = n["median_ms"] - o["median_ms"]
+        out.append({"shape": key[0], "impl": key[1], "old_ms": o["median_ms"], "new_ms": n["median_ms"],
+                    "ratio": o["median_ms"] / n["median_ms"], "significant": abs(delta) > spread,
+                    "change": "faster" if delta < -spread else "slower" if delta > spread else "same"})
+    return out
+
+
+def split_for_devices(items: list, n: int) -> list[list]:
+    """Round-robin shapes over n devices."""
+    return [items[i::n] for i in range(max(1, n))]
+
+
+def to_csv_rows(rows: list[Row]) -> list[dict]:
+    flat = []
+    for r in rows:
+        for c in r.cells:
+            flat.append({"shape": r.shape, **r.dims, "flops": r.flops, "bytes": r.nbytes, "roofline_ms": r.roofline_ms,
+                         "bound": r.bound, "impl": c.impl, "status": c.status, "median_ms": c.median_ms,
+                         "iqr_ms": c.iqr_ms, "tflops": c.tflops, "gbs": c.gbs, "pct_roofline": c.pct_roofline,
+                         "speedup": c.speedup})
+    return flat
+
+
+def plot(rows: list[Row], path: str, metric: str = "pct_roofline") -> None:
+    """% of roofline (or TFLOP/s) vs prefix length: one line per kernel, one panel per budget."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    budgets = sorted({r.dims["budget"] for r in rows})
+    impls = list(dict.fromkeys(c.impl for r in rows for c in r.cells))
+    batches = sorted({r.dims["B"] for r in rows})
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    fig, axes = plt.subplots(1, len(budgets), figsize=(4.2 * len(budgets), 3.8), squeeze=False)
+    handles = {}
+    for ax, bud in zip(axes[0], budgets):
+        sub = [r for r in rows if r.dims["budget"] == bud]
+        for i, impl in enumerate(impls):
+            for j, bsz in enumerate(batches):
+                pts = sorted((r.dims["P"], getattr(c, metric)) for r in sub if r.dims["B"] == bsz
+                             for c in r.cells if c.impl == impl and getattr(c, metric))
+                if pts:
+                    (line,) = ax.plot(*zip(*pts), marker="o", color=colors[i % len(colors)],
+                                      linestyle=("-", "--", ":", "-.")[j % 4])
+                    handles[f"{impl} B={bsz}"] = line
+        heads = sorted({r.dims["H"] for r in sub})
+        ax.set_xscale("log", base=2)
+        ax.set_title(f"budget {bud} (T = {bud + 1}), H = {','.join(map(str, heads))}")
+        ax.set_xlabel("prefix length")
+        ax.set_ylabel("% of roofline" if metric == "pct_roofline" else metric)
+        if metric == "pct_roofline":
+            ax.yaxis.set_major_formatter(matplotlib.ticker.PercentFormatter(1.0))
+        ax.grid(alpha=0.3)
+    fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=min(6, len(handles)), fontsize=8)
+    fig.tight_layout(rect=(0, 0.12, 1, 1))
+    fig.savefig(path, dpi=130)
+

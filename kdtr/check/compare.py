@@ -1,0 +1,177 @@
+"""Comparing a kernel's output with the reference (SPEC section 4).
+
+Order of checks, as FlashMLA does it: shape, unwritten (poison) elements, NaN/Inf positions,
+then element-wise atol/rtol and the global relative-norm and cosine bounds. The worst element
+is named as (b, node, head, dim) and errors are broken down per tree node and per depth, so a
+mask bug shows up as whole nodes failing.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from kdtr.golden.tolerances import Tol
+from kdtr.kernels.contract import POISON_BF16_BITS, POISON_F32_BITS
+
+
+
+class Status(str, enum.Enum):
+    PASS = "PASS"
+    FAIL_NUMERIC = "FAIL_NUMERIC"
+    NAN = "NAN"
+    UNWRITTEN = "UNWRITTEN"
+    SHAPE = "SHAPE"
+    SKIPPED = "SKIPPED"
+    RACE = "RACE"
+    COMPILE_ERROR = "COMPILE_ERROR"
+    RUNTIME_ERROR = "RUNTIME_ERROR"
+    TIMEOUT = "TIMEOUT"
+    SANITIZER = "SANITIZER"
+
+    @property
+    def ok(self) -> bool:
+        return self is Status.PASS
+
+    @property
+    def failed(self) -> bool:
+        return self not in (Status.PASS, Status.SKIPPED)
+
+
+def poison_mask(got: np.ndarray) -> np.ndarray:
+    """Elements still holding either poison pattern (got: float32, widened from bf16 by shift)."""
+    bits = np.ascontiguousarray(got, dtype=np.float32).view(np.uint32)
+    return (bits == POISON_F32_BITS) | (bits == (POISON_BF16_BITS << 16))
+
+
+@dataclass
+class Check:
+    """The outcome of comparing one output (out or lse) of one case."""
+
+    output: str
+    """"out" or "lse"."""
+    status: Status
+    """PASS, or the first failing check."""
+    tol: Tol
+    """The tolerance applied."""
+    max_abs: float = 0.0
+    """max |got - want| over finite elements."""
+    max_rel: float = 0.0
+    """max |got - want| / |want| over elements with |want| > atol."""
+    ratio: float = 0.0
+    """max |got - want| / (atol + rtol |want|): > 1 fails element-wise."""
+    rel_norm: float = 0.0
+    """||got - want|| / ||want||."""
+    cos: float = 1.0
+    """cosine similarity of got and want."""
+    n_bad: int = 0
+    """Elements over the element-wise bound (or unwritten / NaN-mismatched for those statuses)."""
+    worst: tuple[int, ...] | None = None
+    """Index of the worst element: (b, node, head, dim) for out, (b, node, head) for lse."""
+    worst_got: float | None = None
+    """got at `worst`."""
+    worst_want: float | None = None
+    """want at `worst`."""
+    bad_nodes: list[int] = field(default_factory=list)
+    """Tree nodes (over every request and head) holding a failing element."""
+    node_ratio: list[float] = field(default_factory=list)
+    """[T] worst ratio per tree node."""
+    depth_ratio: dict[int, float] = field(default_factory=dict)
+    """Worst ratio per node depth."""
+    message: str = ""
+    """One line for the table."""
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["status"] = self.status.value
+        d["tol"] = self.tol.to_json()
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict) -> Check:
+        """Inverse of ``to_json`` (how a case verified in a child process comes back)."""
+        d = dict(d)
+        d["status"], d["tol"] = Status(d["status"]), Tol(**d["tol"])
+        d["worst"] = None if d.get("worst") is None else tuple(d["worst"])
+        d["depth_ratio"] = {int(k): v for k, v in (d.get("depth_ratio") or {}).items()}
+        return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
+
+
+def compare(got: np.ndarray, want: np.ndarray, tol: Tol, output: str = "out", depth: np.ndarray | None = None) -> Check:
+    """Compare got (float32 or float64) with want (float64 reference); depth: [B, T] node depths."""
+    if got is None or got.shape != want.shape:
+        shape = None if got is None else list(got.shape)
+        return Check(output, Status.SHAPE, tol, message=f"{output}: shape {shape}, expected {list(want.shape)}")
+    chk = Check(output, Status.PASS, tol)
+    unwritten = poison_mask(got)
+    if unwritten.any():
+        return _flag(chk, Status.UNWRITTEN, unwritten, got, want, f"{int(unwritten.sum())} elements never written")
+    g = got.astype(np.float64)
+    bad_pos = np.isfinite(g) != np.isfinite(want)
+    if bad_pos.any():
+        return _flag(chk, Status.NAN, bad_pos, got, want, f"{int(bad_pos.sum())} NaN/Inf where the reference is finite")
+
+    err = np.abs(g - want)
+    bound = tol.atol + tol.rtol * np.abs(want)
+    ratio = err / bound
+    chk.max_abs = float(err.max(initial=0.0))
+    big = np.abs(want) > tol.atol
+    chk.max_rel = float((err[big] / np.abs(want[big])).max(initial=0.0))
+    chk.ratio = float(ratio.max(initial=0.0))
+    wn = float(np.linalg.norm(want.ravel()))
+    chk.rel_norm = float(np.linalg.norm((g - want).ravel()) / wn) if wn > 0 else float(np.linalg.norm(g))
+    gn = float(np.linalg.norm(g.ravel()))
+    chk.cos = float(np.dot(g.ravel(), want.ravel()) / (gn * wn)) if gn > 0 and wn > 0 else (1.0 if gn == wn else 0.0)
+    over = ratio > 1.0
+    chk.n_bad = int(over.sum())
+    _locate(chk, ratio, got, want, depth)
+    if chk.n_bad:
+        chk.status = Status.FAIL_NUMERIC
+        chk.message = f"{chk.n_bad} elements over atol+rtol|ref| (worst {chk.ratio:.3g}x)"
+    elif chk.rel_norm > tol.rel_norm:
+        chk.status = Status.FAIL_NUMERIC
+        chk.message = f"relative norm {chk.rel_norm:.3g} > {tol.rel_norm:.3g}"
+    elif chk.cos < tol.min_cos:
+        chk.status = Status.FAIL_NUMERIC
+        chk.message = f"cosine {chk.cos:.8f} < {tol.min_cos}"
+    return chk
+
+
+def _locate(chk: Check, score: np.ndarray, got: np.ndarray, want: np.ndarray, depth: np.ndarray | None) -> None:
+    """Fill worst element and the per-node / per-depth breakdown from a score array [B, T, ...]."""
+    flat = int(np.argmax(score))
+    idx = np.unravel_index(flat, score.shape)
+    chk.worst = tuple(int(i) for i in idx)
+    chk.worst_got = float(got[idx])
+    chk.worst_want = float(want[idx])
+    if score.ndim >= 2:
+        per_node = score.reshape(score.shape[0], score.shape[1], -1).max(axis=(0, 2))  # [T]
+        chk.node_ratio = [float(x) for x in per_node]
+        chk.bad_nodes = [int(t) for t in np.nonzero(per_node > 1.0)[0]]
+        if depth is not None:
+            per_bt = score.reshape(score.shape[0], score.shape[1], -1).max(axis=2)  # [B, T]
+            for d in np.unique(depth):
+                chk.depth_ratio[int(d)] = float(per_bt[depth == d].max())
+
+
+def _flag(chk: Check, status: Status, mask: np.ndarray, got, want, message: str) -> Check:
+    chk.status = status
+    chk.n_bad = int(mask.sum())
+    _locate(chk, mask.astype(np.float64) * 2.0, got, want, None)  # bad elements score 2 (> 1)
+    chk.message = f"{chk.output}: {message}; first at {chk.worst}"
+    return chk
+
+
+def worst_status(statuses) -> Status:
+    """The status that describes a set of checks: the first non-PASS in severity order."""
+    order = [
+        Status.COMPILE_ERROR, Status.RUNTIME_ERROR, Status.TIMEOUT, Status.SANITIZER, Status.SHAPE,
+        Status.UNWRITTEN, Status.NAN, Status.RACE, Status.FAIL_NUMERIC, Status.SKIPPED, Status.PASS,
+    ]
+    statuses = list(statuses)
+    for s in order:
+        if s in statuses:
+            return s
+    return Status.PASS

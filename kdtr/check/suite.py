@@ -1,0 +1,101 @@
+"""The verify run: check the kernel can run at all (preflight), then judge every bundle, in this
+process or each case in a child (kdtr/check/isolate.py), into one VerifyReport."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from kdtr.check.case import CaseResult, verify_bundle
+from kdtr.errors import InputError
+from kdtr.golden.bundle import load_bundle
+
+
+def preflight(kernel) -> None:
+    """Fail fast, as bad input, before any case runs: a CUDA kernel that does not compile (checked
+    through NVRTC, which needs no GPU) or a GPU kernel on a machine without one."""
+    from kdtr.kernels import launch, nvrtc
+
+    source, expr_of = getattr(kernel, "source", None), getattr(kernel, "name_expression", None)
+    if source is not None and expr_of is not None and nvrtc.available():
+        caps = kernel.caps
+        expr = expr_of(caps.kv_dtypes[0], caps.out_dtypes[0])
+        arch = launch.device_arch() if launch.gpu_available() else "sm_90"
+        try:
+            nvrtc.compile_file(source, [expr], arch=arch, options=getattr(kernel, "options", ()))
+        except nvrtc.CompileError as e:
+            first = next((ln.strip() for ln in str(e).splitlines() if "error" in ln), str(e).splitlines()[0])
+            raise InputError(f"{kernel.name}: does not compile for {arch}: {first}; fix the source or the symbol") from None
+    if kernel.caps.needs_gpu and not launch.gpu_available():
+        raise InputError(f"{kernel.name} needs a CUDA GPU ({launch.gpu_unavailable_reason()}); run it on a GPU "
+                         "machine, or verify the CPU emulation with -k emulate-flash")
+
+
+
+@dataclass
+class VerifyReport:
+    """Every case of one `kdtr verify` run."""
+
+    kernel: str
+    """Kernel spec as given."""
+    results: list[CaseResult]
+    """One per bundle, in input order."""
+    seconds: float
+    """Wall time of the whole run."""
+    device: str = "cpu"
+    """Where the kernel ran."""
+    isolated: bool = False
+    """Each case ran in its own child process."""
+    sanitizer: str | None = None
+    """compute-sanitizer tool every case ran under, or None."""
+
+    @property
+    def counts(self) -> dict[str, int]:
+        c: dict[str, int] = {}
+        for r in self.results:
+            c[r.status.value] = c.get(r.status.value, 0) + 1
+        return c
+
+    @property
+    def failed(self) -> bool:
+        """Any case failed, or none passed (a run that verified nothing is not a pass)."""
+        return any(r.status.failed for r in self.results) or not any(r.status.ok for r in self.results)
+
+    def to_json(self) -> dict:
+        return {
+            "kernel": self.kernel, "device": self.device, "seconds": self.seconds, "counts": self.counts,
+            "failed": self.failed, "isolated": self.isolated, "sanitizer": self.sanitizer,
+            "results": [r.to_json() for r in self.results],
+        }
+
+
+def run_verify(kernel, paths: list[Path], repeat: int = 1, overrides: dict | None = None, on_case=None, *,
+               isolate: bool = False, timeout: float | None = None, sanitize: str | None = None,
+               spec: str | None = None) -> VerifyReport:
+    """Verify `kernel` (a kdtr.kernels kernel object) on every bundle path.
+
+    isolate: run each case in a child process (kdtr.isolate) that re-resolves the kernel from
+    ``spec`` (default: kernel.name, which is the spec of every kernel resolve_kernel returns);
+    a crash is RUNTIME_ERROR, no result within ``timeout`` seconds (None: kdtr.isolate's
+    default_timeout per case) is TIMEOUT. sanitize: a compute-sanitizer tool (memcheck,
+    racecheck, initcheck, synccheck) to run each child under; implies isolate. InputError
+    when it is unknown or compute-sanitizer is not installed.
+    """
+    t0 = time.perf_counter()
+    isolate = isolate or bool(sanitize)
+    if isolate:
+        from kdtr.check import isolate as iso
+
+        sanitizer = iso.sanitizer_command(sanitize) if sanitize else None
+    results = []
+    for path in paths:
+        if isolate:
+            r = iso.run_case(kernel, spec or kernel.name, path, repeat, overrides, timeout, sanitizer)
+        else:
+            r = verify_bundle(kernel, load_bundle(path), repeat=repeat, overrides=overrides)
+        results.append(r)
+        if on_case:
+            on_case(r)
+    return VerifyReport(kernel.name, results, time.perf_counter() - t0, getattr(kernel, "device", "cpu"),
+                        isolated=isolate, sanitizer=sanitize or None)

@@ -1,0 +1,213 @@
+"""Case specifications and the inputs they expand to.
+
+A ``CaseSpec`` is a handful of parameters; its name is derived from them (attention-gym
+style), so the name is the test id, the file name and the table label. ``build_problem``
+turns a spec into the arrays a server would hand the kernel: a shuffled paged cache with
+NaN in every slot no request owns, a block table, per-request DDTree trees.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from kdtr.inputs import presets, trees
+from kdtr.inputs.presets import DK, DV
+from kdtr.inputs.problem import Problem, mask_words
+from kdtr.inputs.rng import Stream
+
+
+@dataclass(frozen=True)
+class CaseSpec:
+    """Everything that determines one golden case (with the seed, its bytes)."""
+
+    model: str = "deepseek-v3"
+    """Model preset (presets.MODELS); gives the scale and the default head count."""
+    heads: int = 16
+    """Query heads on this GPU (model heads / TP)."""
+    prefix_lens: tuple[int, ...] = (64,)
+    """Committed prefix length P_b of each request; B = len(prefix_lens)."""
+    family: str = "ddtree"
+    """Tree family (presets.TREE_FAMILIES)."""
+    budget: int = 16
+    """Draft budget; T = budget + 1 (0 is plain decode). Ignored by "root"."""
+    profile: str = "mixed"
+    """DDTree drafter profile (presets.DDTREE_PROFILES)."""
+    page_size: int = 64
+    """Tokens per cache page (1: SGLang token pool, 64: FlashMLA)."""
+    kv_dtype: str = "bf16"
+    """Storage dtype of q and the cache."""
+    out_dtype: str = "bf16"
+    """Output dtype a kernel writes for this case."""
+    seed: int = 0
+    """Seed of every random value in the case."""
+    json_path: str | None = None
+    """Captured trees (family "json"): request b takes tree json_index + b."""
+    json_index: int = 0
+    """First tree used from json_path."""
+    scale: float | None = None
+    """Override of the model's softmax scale."""
+    tags: tuple[str, ...] = field(default=(), compare=False)
+    """What the case covers (for listings); not part of its identity."""
+
+    def __post_init__(self):
+        presets.model(self.model)
+        presets.dtype_of(self.kv_dtype)
+        presets.dtype_of(self.out_dtype)
+        if self.kv_dtype not in presets.DTYPES or self.out_dtype not in presets.DTYPES:
+            raise ValueError(f"dtypes must be among {presets.DTYPES}")
+        if self.family not in presets.TREE_FAMILIES:
+            raise ValueError(f"unknown tree family {self.family!r}; known: {', '.join(presets.TREE_FAMILIES)}")
+        if self.profile not in presets.DDTREE_PROFILES:
+            raise ValueError(f"unknown profile {self.profile!r}; known: {', '.join(presets.DDTREE_PROFILES)}")
+        if not self.prefix_lens or min(self.prefix_lens) < 0:
+            raise ValueError("prefix_lens needs at least one length, each >= 0")
+        if self.heads < 1 or self.budget < 0 or self.page_size < 1:
+            raise ValueError("heads and page_size must be >= 1 and budget >= 0")
+        if self.family == "json" and not self.json_path:
+            raise ValueError("family 'json' needs json_path")
+
+    @property
+    def B(self) -> int:
+        return len(self.prefix_lens)
+
+    @property
+    def T(self) -> int:
+        return 1 if self.family == "root" else self.budget + 1
+
+    @property
+    def H(self) -> int:
+        return self.heads
+
+    @property
+    def model_scale(self) -> float:
+        return self.scale if self.scale is not None else presets.model(self.model).scale
+
+    @property
+    def name(self) -> str:
+        short = presets.SHORT.get(presets.model(self.model).name, self.model)
+        plist = _plist(self.prefix_lens)
+        tree = "root" if self.family == "root" else f"{self.family}{self.budget}"
+        if self.family == "ddtree":
+            tree += f"{self.profile[0]}"
+        if self.family == "json":
+            tree += f"i{self.json_index}"
+        dt = self.kv_dtype if self.out_dtype == self.kv_dtype else f"{self.kv_dtype}o{self.out_dtype}"
+        scale = "" if self.scale is None else f"-sc{self.scale:g}"
+        return f"{short}-h{self.heads}-p{plist}-{tree}-pg{self.page_size}-{dt}{scale}-s{self.seed}"
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["prefix_lens"] = list(self.prefix_lens)
+        d["tags"] = list(self.tags)
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict) -> "CaseSpec":
+        d = dict(d)
+        d["prefix_lens"] = tuple(d["prefix_lens"])
+        d["tags"] = tuple(d.get("tags", ()))
+        return cls(**d)
+
+    def nbytes_estimate(self) -> int:
+        """Bytes of the bundle's data region: every tensor as stored (the header adds ~2.5 KB).
+
+        Exact for generated bundles; kdtr.resources estimates the memory it takes to make them.
+        """
+        es = presets.dtype_of(self.kv_dtype).itemsize
+        T, B = self.T, self.B
+        pages = [-(-(p + T) // self.page_size) for p in self.prefix_lens]
+        rows = B * T * self.H
+        cache = (sum(pages) + 1) * self.page_size * DK * es  # one spare all-NaN page
+        ints = B * max(pages) + B + 2 * B * T + B * T * mask_words(T)  # block table, P, parent, depth, mask
+        logp = B * presets.DRAFT_DEPTH * min(self.budget, presets.VOCAB) * 8 if self.family == "ddtree" else 0
+        return cache + rows * (DK * es + DV * 4 + 8) + 4 * ints + logp
+
+
+def _plist(prefix_lens: tuple[int, ...]) -> str:
+    """'0.65.8k'; a batch of B equal prefixes 'P x B' ('32kx32'); long mixed lists by range and a hash."""
+    ps = list(prefix_lens)
+    if len(ps) > 1 and len(set(ps)) == 1:
+        return f"{_size(ps[0])}x{len(ps)}"
+    if len(ps) <= 6:
+        return ".".join(_size(p) for p in ps)
+    digest = hashlib.sha256(",".join(map(str, ps)).encode()).hexdigest()[:6]
+    return f"{_size(min(ps))}-{_size(max(ps))}n{len(ps)}h{digest}"
+
+
+def _size(n: int) -> str:
+    return f"{n // 1024}k" if n >= 1024 and n % 1024 == 0 else str(n)
+
+
+def build_trees(spec: CaseSpec) -> list[trees.Tree]:
+    """One tree per request; DDTree rounds differ per request (round index = b)."""
+    return [
+        trees.make_tree(
+            spec.family,
+            budget=spec.budget,
+            seed=spec.seed,
+            round_index=b,
+            profile=spec.profile,
+            json_path=spec.json_path,
+            json_index=spec.json_index + b,
+        )
+        for b in range(spec.B)
+    ]
+
+
+def build_problem(spec: CaseSpec, values: bool = True) -> tuple[Problem, list[trees.Tree]]:
+    """The inputs of a case: values from raw generator bits, pages shuffled, NaN elsewhere.
+
+    values=False leaves q and the owned cache rows zero (layout only): `kdtr bench` fills them
+    with fresh random values on the GPU, which is much faster for 100k-token prefixes.
+    """
+    tlist = build_trees(spec)
+    T, H, B, pg = spec.T, spec.H, spec.B, spec.page_size
+    if any(t.T != T for t in tlist):
+        raise ValueError(f"{spec.name}: every request's tree must have T = {T} nodes")
+    dt = presets.dtype_of(spec.kv_dtype)
+    key = spec.name
+
+    shape_q = (B, T, H, DK)
+    q = Stream(spec.seed, key, "q").normalish(shape_q, dtype=dt) if values else np.zeros(shape_q, dt)  # [B, T, H, 576]
+
+    n_tok = [p + T for p in spec.prefix_lens]
+    n_pages = [-(-n // pg) for n in n_tok]
+    owned = sum(n_pages)
+    num_pages = owned + 1  # one spare page: block-table padding points at it, all NaN
+    perm = Stream(spec.seed, key, "pages").permutation(num_pages)
+    kv = np.full((num_pages, pg, DK), np.nan, dtype=dt)  # [num_pages, page_size, 576]
+    max_pages = max(n_pages)
+    nan_page = int(perm[owned])
+    table = np.full((B, max_pages), nan_page, dtype=np.int32)  # [B, max_pages]
+    nxt = 0
+    for b in range(B):
+        pages = perm[nxt : nxt + n_pages[b]]
+        nxt += n_pages[b]
+        table[b, : n_pages[b]] = pages
+        flat = kv[pages].reshape(n_pages[b] * pg, DK)  # NaN; its first P_b + T rows get values
+        flat[: n_tok[b]] = Stream(spec.seed, key, "kv", b).normalish((n_tok[b], DK), dtype=dt) if values else 0
+        kv[pages] = flat.reshape(n_pages[b], pg, DK)
+
+    prob = Problem(
+        q=q,
+        kv_cache=kv,
+        block_table=table,
+        prefix_lens=np.asarray(spec.prefix_lens, dtype=np.int32),
+        tree_parent=np.stack([t.parent for t in tlist]).astype(np.int32),
+        tree_depth=np.stack([t.depth for t in tlist]).astype(np.int32),
+        tree_mask=np.stack([t.mask_words() for t in tlist]).astype(np.uint32),
+        scale=float(spec.model_scale),
+    )
+    prob.validate()
+    return prob, tlist
+
+
+def draft_logp(tlist: list[trees.Tree]) -> np.ndarray | None:
+    """[B, L, K] drafter log-probs of DDTree trees (None for other families or budget 0)."""
+    logps = [t.draft_logp for t in tlist]
+    if any(x is None or x.size == 0 for x in logps):
+        return None
+    return np.stack(logps).astype(np.float64)

@@ -1,0 +1,96 @@
+"""Named suites of cases, built from the preset table.
+
+smoke: seconds, for the demo. ci: committed under goldens/ci, covers every edge (budgets,
+prefix edges, mixed batches, page sizes, dtypes, tree families) within a small byte budget;
+heads are cut where T is large so that float64 outputs stay small. long: real serving sizes
+(prefixes up to 128k, all heads of a TP8 GPU), generated on demand and never committed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kdtr.inputs.cases import CaseSpec
+from kdtr.inputs.presets import BUDGETS, LONG_PREFIXES, model, prefix_edges
+
+DSV3, KIMI = "deepseek-v3", "kimi-k2"
+H_DSV3 = model(DSV3).heads_per_gpu()  # 16 at TP8
+H_KIMI = model(KIMI).heads_per_gpu()  # 8 at TP8
+CAPTURED_TREES = Path(__file__).resolve().parents[1] / "data" / "captured_trees.json"
+"""A small file of parent arrays in the captured-tree JSON format (family "json")."""
+
+
+def _c(tags: str, **kw) -> CaseSpec:
+    return CaseSpec(tags=tuple(tags.split(",")), **kw)
+
+
+def smoke() -> list[CaseSpec]:
+    return [
+        _c("ddtree,mixed-batch", model=DSV3, heads=H_DSV3, prefix_lens=(0, 70), budget=16),
+        _c("chain,pg1,fp32", model=KIMI, heads=H_KIMI, prefix_lens=(5,), family="chain", budget=4,
+           page_size=1, kv_dtype="fp32", out_dtype="fp32"),
+        _c("decode", model=DSV3, heads=H_DSV3, prefix_lens=(33,), family="root", budget=0),
+    ]
+
+
+def ci() -> list[CaseSpec]:
+    edges = prefix_edges(64)  # 0, 1, 63, 64, 65, 2500
+    short_edges = tuple(p for p in edges if p < 1000)
+    b = dict(zip(("decode", "b16", "b64", "b256", "b1024"), BUDGETS))
+    return [
+        # plain decode (T = 1) over every prefix edge in one batch, both page sizes and dtypes
+        _c("decode,edges,mixed-batch,pg64", model=DSV3, heads=H_DSV3, prefix_lens=edges, family="root", budget=b["decode"]),
+        _c("decode,edges,pg1,fp32", model=KIMI, heads=H_KIMI, prefix_lens=short_edges, family="root",
+           page_size=1, kv_dtype="fp32", out_dtype="fp32"),
+        # DDTree budgets 16 .. 1024 (T = 17 .. 1025), profiles, heads cut as T grows
+        _c("ddtree,b16,mixed-batch", model=DSV3, heads=H_DSV3, prefix_lens=(1, 130), budget=b["b16"]),
+        _c("ddtree,b16,edges,fp32", model=KIMI, heads=2, prefix_lens=(63, 64, 65), budget=b["b16"],
+           profile="confident", kv_dtype="fp32", out_dtype="fp32"),
+        _c("ddtree,b16,bf16-in-fp32-out", model=DSV3, heads=4, prefix_lens=(700,), budget=b["b16"], out_dtype="fp32"),
+        _c("ddtree,b64,uncertain", model=KIMI, heads=2, prefix_lens=(200,), budget=b["b64"], profile="uncertain"),
+        _c("ddtree,b64,edges", model=DSV3, heads=1, prefix_lens=short_edges, budget=b["b64"]),
+        _c("ddtree,b64,fp32-in-bf16-out,pg1", model=DSV3, heads=2, prefix_lens=(1,), budget=b["b64"], page_size=1,
+           kv_dtype="fp32", out_dtype="bf16"),
+        _c("ddtree,b256,confident", model=DSV3, heads=1, prefix_lens=(64,), budget=b["b256"], profile="confident"),
+        _c("ddtree,b256,fp32,pg1", model=KIMI, heads=1, prefix_lens=(65,), budget=b["b256"], page_size=1,
+           kv_dtype="fp32", out_dtype="fp32"),
+        _c("ddtree,b1024,T1025", model=DSV3, heads=1, prefix_lens=(129,), budget=b["b1024"]),
+        # other tree families
+        _c("chain,mixed-batch", model=KIMI, heads=4, prefix_lens=(0, 100), family="chain", budget=b["b16"]),
+        _c("star,pg1", model=KIMI, heads=4, prefix_lens=(64,), family="star", budget=b["b16"], page_size=1),
+        _c("json,captured", model=DSV3, heads=2, prefix_lens=(65, 3), family="json", budget=23,
+           json_path=str(CAPTURED_TREES)),
+        _c("root,P0", model=DSV3, heads=H_DSV3, prefix_lens=(0,), family="root", kv_dtype="fp32", out_dtype="fp32"),
+        # 8 rows or fewer in bf16: Kimi decode and a 4-node tree (flash-sm90's plan runs them as XR_ONLY, every
+        # row transposed; KDTR_FLASH_XR=0 forces its 64-row build)
+        _c("decode,edges,mixed-batch,pg64", model=KIMI, heads=H_KIMI, prefix_lens=(0, 1, 33, 64, 65, 300), family="root"),
+        _c("ddtree,b3,mixed-batch", model=KIMI, heads=2, prefix_lens=(31, 130), budget=3, profile="uncertain"),
+    ]
+
+
+def long() -> list[CaseSpec]:
+    out = []
+    for p in LONG_PREFIXES:
+        out.append(_c("long,ddtree,b256", model=DSV3, heads=H_DSV3, prefix_lens=(p,), budget=256))
+    out += [
+        _c("long,ddtree,b64,mixed-batch", model=DSV3, heads=H_DSV3, prefix_lens=(LONG_PREFIXES[1], 4097), budget=64),
+        _c("long,ddtree,b1024", model=DSV3, heads=H_DSV3, prefix_lens=(LONG_PREFIXES[0],), budget=1024),
+        _c("long,decode,pg1", model=KIMI, heads=H_KIMI, prefix_lens=(LONG_PREFIXES[-1], 1000), family="root",
+           page_size=1),
+        _c("long,ddtree,b8,fp32", model=KIMI, heads=H_KIMI, prefix_lens=(LONG_PREFIXES[-1],), budget=8,
+           kv_dtype="fp32", out_dtype="fp32"),
+        _c("long,chain,b4", model=KIMI, heads=H_KIMI, prefix_lens=(LONG_PREFIXES[1],), family="chain", budget=4,
+           out_dtype="fp32"),
+    ]
+    return out
+
+
+SUITES = {"smoke": smoke, "ci": ci, "long": long}
+COMMITTED = ("ci",)
+"""Suites whose bundles live in the repository (goldens/<suite>/)."""
+
+
+def suite(name: str) -> list[CaseSpec]:
+    if name not in SUITES:
+        raise ValueError(f"unknown suite {name!r}; known: {', '.join(SUITES)}")
+    return SUITES[name]()

@@ -1,0 +1,234 @@
+"""CPU emulation of a tiled bf16 tensor-core flash verify kernel ("emulate-flash").
+
+Why it exists: the fp64 reference says what the answer is, but not what error a correct bf16
+kernel makes. This module reproduces, in numpy float32, the arithmetic of the kernels kdtr ships
+for sm_90 / sm_120, so the whole verify pipeline (bundles, compare, tolerances, planted bugs)
+runs in CI without a GPU and shows realistic bf16 error. Steps, and what each mirrors:
+
+1. Load. q and the latent cache are bf16 in memory; widening to fp32 is exact. Keys come
+   through the block table (page = block_table[b, j // page_size]), as a paged kernel reads.
+2. Split-KV (flash-decoding). The prefix [0, P) is cut into splits of ``split_len`` keys
+   (a tile multiple), the tree tail [P, P + T) is one more split. All H*T rows of a request
+   (row = node * H + head) share the stream, as MQA tiles pack (node, head) rows.
+3. Scores. S = q @ k^T as an fp32 GEMM of bf16 values (mma.sync / wgmma: bf16 x bf16 products
+   are exact in fp32, accumulation in fp32), then S *= scale in fp32. Tail keys get the tree
+   mask (-inf). A tail tile no row sees contributes P = 0 and leaves the running max alone,
+   so skipping it (a pure speed matter on the GPU) needs no emulation.
+4. Online softmax per KV tile of ``tile`` keys: running row max m, P = exp(S - m) in fp32,
+   row sum l from the fp32 P, then P rounded to bf16 (cvt.rn.bf16x2.f32: it is the A operand of
+   the P @ V MMA) and acc += P_bf16 @ V in fp32, with acc and l rescaled by exp(m_old - m_new).
+   The emulation applies the rescales folded: tile t's bf16 P is scaled by exp(m_t - m_final)
+   before one GEMM per split. That equals the per-tile loop up to fp32 rounding (~1e-7), while
+   the bf16 rounding of P happens exactly where the GPU does it: relative to the running max.
+5. Split epilogue: o_s = acc / l, lse_s = m + log l (fp32), as a partial-result buffer.
+6. Combine kernel: M = max lse_s, w_s = exp(lse_s - M), out = sum w_s o_s / sum w_s,
+   lse = M + log sum w_s, all fp32. With ``partials="bf16"`` each o_s is rounded to bf16 first, as
+   flash-sm90 stores its split partials in the output's type when that is bf16 (half the bytes of
+   the partials' round trip); the lse_s stay fp32.
+7. Store: out rounded to the output dtype (bf16 round-to-nearest-even), lse fp32.
+
+Planted bugs (kdtr.bugs) are variants of these steps, implemented exactly as defined there.
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+
+from kdtr.kernels import bugs
+from kdtr.kernels.bugs import Bug
+from kdtr.inputs.presets import DK, DV
+from kdtr.inputs.problem import Problem
+from kdtr.inputs.trees import unpack_mask
+
+MAX_SPLITS = 16
+"""Most prefix splits per request (a GPU has a few times more SMs than requests)."""
+SPLIT_MIN_KEYS = 512
+"""A prefix gets one split per this many keys (up to MAX_SPLITS)."""
+OUT_DTYPES = ("bf16", "fp32")
+
+_F32 = np.float32
+_BF16 = ml_dtypes.bfloat16
+
+
+def round_up(x: int, m: int) -> int:
+    return -(-x // m) * m
+
+
+def default_split_len(P: int, tile: int = bugs.TILE) -> int:
+    """Keys per prefix split as a GPU scheduler picks it: about P / min(16, P // 512)."""
+    n_splits = max(1, min(MAX_SPLITS, P // SPLIT_MIN_KEYS))
+    return max(tile, round_up(-(-P // n_splits), tile))
+
+
+def split_bounds(P: int, split_len: int, tile: int = bugs.TILE) -> list[tuple[int, int]]:
+    """[(start, stop)] of the prefix splits of [0, P); empty for P = 0."""
+    if tile < 1:
+        raise ValueError(f"tile must be >= 1, got {tile}")
+    if split_len < tile or split_len % tile:
+        raise ValueError(f"split_len must be a positive multiple of tile={tile}, got {split_len}")
+    return [(s, min(P, s + split_len)) for s in range(0, P, split_len)]
+
+
+def round_to(x: np.ndarray, dtype: str) -> np.ndarray:
+    """float32 copy of x with the values of `dtype` ("bf16": round-to-nearest-even)."""
+    if dtype == "bf16":
+        return x.astype(_BF16).astype(_F32)
+    if dtype == "fp32":
+        return x.astype(_F32, copy=True)
+    raise ValueError(f"out_dtype must be one of {OUT_DTYPES}, got {dtype!r}")
+
+
+def _keys(p: Problem, b: int, n: int, off_by_one: bool) -> np.ndarray:
+    """[n, 576] float32 cache rows of request b's tokens 0..n-1, read through the block table."""
+    j = np.arange(n, dtype=np.int64)
+    pg, width = p.page_size, p.block_table.shape[1]
+    col = (j + 1) // pg if off_by_one else j // pg
+    # A read past the row continues into the next one, as flat GPU indexing does (clamped).
+    flat_bt = p.block_table.reshape(-1)
+    page = flat_bt[np.minimum(b * width + col, flat_bt.size - 1)].astype(np.int64)
+    return p.kv_cache.reshape(-1, DK)[page * pg + j % pg].astype(_F32)
+
+
+def _running_max(tile_max: np.ndarray, rescale_tau: float) -> np.ndarray:
+    """[R, nt] the running max each tile's P is taken against. rescale_tau > 0 (log2 units, as flash-sm90's
+    KDTR_F90_RESCALE_TAU experiment): the max moves only when a tile's exceeds it by more than tau, so O is rescaled
+    rarely, but the row's largest P is no longer exactly 1 and its bf16 rounding reaches out (docs/PERF.md,
+    session 21)."""
+    if rescale_tau <= 0:
+        return np.maximum.accumulate(tile_max, axis=1)
+    tau = _F32(rescale_tau * np.log(2.0))
+    m = np.full(tile_max.shape[0], -np.inf, _F32)
+    out = np.empty_like(tile_max)
+    for t in range(tile_max.shape[1]):
+        cand = np.maximum(m, tile_max[:, t])
+        m = np.where(cand > m + tau, cand, m)
+        out[:, t] = m
+    return out
+
+
+def _partial(q, k, v, scale, vis, tile, rescale_tau: float = 0.0):
+    """One split's flash loop: (acc [R, 512], m [R], l [R]) in fp32.
+
+    q [R, d] and k [n, d] fp32 holding bf16 values, v [n, 512]; vis [R, n] bool or None (all seen).
+    """
+    R, n = q.shape[0], k.shape[0]
+    nt = -(-n // tile)
+    pad = nt * tile - n
+    if pad:  # the ragged last tile: out-of-range keys masked, as a predicated load does
+        k = np.concatenate([k, np.zeros((pad, k.shape[1]), _F32)])
+        v = np.concatenate([v, np.zeros((pad, DV), _F32)])
+    s = q @ k.T  # [R, nt*tile] fp32 GEMM
+    s *= scale
+    if vis is not None:
+        np.copyto(s[:, :n], _F32(-np.inf), where=~vis)
+    s[:, n:] = -np.inf
+    s3 = s.reshape(R, nt, tile)  # [R, nt, tile]
+    m_run = _running_max(s3.max(axis=2), rescale_tau)  # [R, nt] running max after each tile
+    dead = np.isneginf(m_run)  # no visible key yet: subtract 0, as the -inf guard of FA kernels
+    m_sub = np.where(dead, _F32(0), m_run)
+    s3 -= m_sub[:, :, None]
+    np.exp(s3, out=s3)  # P fp32
+    with np.errstate(over="ignore"):
+        c = np.where(dead, _F32(0), np.exp(m_sub - m_sub[:, -1:]))  # [R, nt] rescale to final m
+    l = (s3.sum(axis=2) * c).sum(axis=1)  # [R] from fp32 P
+    p16 = s3.astype(_BF16).astype(_F32)  # P rounded to bf16 for the P @ V MMA
+    p16 *= c[:, :, None]
+    acc = p16.reshape(R, nt * tile) @ v  # [R, 512] fp32 accumulation
+    return acc, m_run[:, -1], l
+
+
+def _combine(parts, wrong_max: bool, partials: str = "fp32"):
+    """Merge split partials by LSE: out [R, 512], lse [R] (fp32); o_s stored as ``partials`` in between."""
+    acc = [a for a, _, _ in parts]
+    m = np.stack([x for _, x, _ in parts])  # [S, R]
+    l = np.stack([x for _, _, x in parts])  # [S, R]
+    if wrong_max:  # MERGE_WRONG_MAX: each split's max taken as global, w_s = l_s
+        lsum = l.sum(axis=0)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return sum(acc) / lsum[:, None], m.max(axis=0) + np.log(lsum)
+    empty = l == 0  # a split no key of which the row sees
+    l1 = np.where(empty, _F32(1), l)
+    lse_s = np.where(empty, _F32(-np.inf), m + np.log(l1))  # [S, R]
+    M = lse_s.max(axis=0)  # [R]
+    w = np.exp(lse_s - M)  # [S, R]
+    o = [acc[s] / l1[s, :, None] for s in range(len(acc))]  # [R, 512] each
+    if partials != "fp32" and len(o) > 1:  # stored in between (one split writes out directly)
+        o = [round_to(x, partials) for x in o]
+    out = sum(w[s, :, None] * o[s] for s in range(len(acc)))
+    wsum = w.sum(axis=0)
+    return out / wsum[:, None], M + np.log(wsum)
+
+
+def emulate_request(p: Problem, b: int, bug: Bug, tile: int, split_len: int | None, rescale_tau: float = 0.0,
+                    partials: str = "fp32"):
+    """out [T, H, 512] and lse [T, H] (fp32, out not yet rounded) of request b."""
+    T, H = p.T, p.H
+    R = T * H
+    P = int(p.prefix_lens[b])
+    kv = _keys(p, b, P + T, bug is Bug.PAGE_OFF_BY_ONE)  # [P+T, 576]
+    q = p.q[b].reshape(R, DK).astype(_F32)  # [R, 576], row = node * H + head
+    d = DV if bug is Bug.NO_ROPE else DK
+    qd, kd, v = q[:, :d], kv[:, :d], kv[:, :DV]
+    scale = _F32(p.scale * 1.01 if bug is Bug.SCALE_OFF else p.scale)
+
+    p_end = P  # prefix keys actually visited
+    if bug is Bug.DROP_PREFIX_KEY and P > 0:
+        p_end = P - 1
+    elif bug is Bug.DROP_PARTIAL_TILE:
+        p_end = bugs.TILE * (P // bugs.TILE)
+    sl = default_split_len(P, tile) if split_len is None else split_len
+    parts = []
+    for s0, s1 in split_bounds(P, sl, tile):
+        s1 = min(s1, p_end)
+        if s1 > s0:
+            parts.append(_partial(qd, kd[s0:s1], v[s0:s1], scale, None, tile, rescale_tau))
+
+    vis = unpack_mask(p.tree_mask[b], T)  # [T, T] node r sees tail key c
+    if bug is Bug.SIBLING_VISIBLE and T > 1:
+        vis[np.arange(1, T), np.arange(T - 1)] = True
+    vis = np.repeat(vis, H, axis=0)  # [R, T]
+    tail = [(0, T)]
+    if bug is Bug.MERGE_WRONG_MAX and not parts and T > 1:
+        tail = [(0, (T + 1) // 2), ((T + 1) // 2, T)]  # one split only: plant a 2-way split
+    for c0, c1 in tail:
+        sel = slice(P + c0, P + c1)
+        parts.append(_partial(qd, kd[sel], v[sel], scale, vis[:, c0:c1], tile, rescale_tau))
+
+    out, lse = _combine(parts, bug is Bug.MERGE_WRONG_MAX, partials)
+    return out.reshape(T, H, DV), lse.reshape(T, H)
+
+
+def emulate_flash(
+    problem: Problem,
+    out_dtype: str = "bf16",
+    bug: Bug = Bug.NONE,
+    *,
+    tile: int = bugs.TILE,
+    split_len: int | None = None,
+    rescale_tau: float = 0.0,
+    partials: str = "fp32",
+) -> tuple[np.ndarray, np.ndarray]:
+    """out [B, T, H, 512] float32 (values of out_dtype) and lse [B, T, H] float32.
+
+    bf16 storage only (ValueError otherwise). split_len: prefix keys per split, a multiple of
+    tile; None picks default_split_len(P_b) per request. bug: a planted bug (kdtr.bugs). rescale_tau: the
+    running max kept within tau (log2 units; 0, the default, is the exact max every shipped kernel keeps).
+    partials: the split partials' storage type, "fp32" or "bf16" (step 6).
+    """
+    if out_dtype not in OUT_DTYPES:
+        raise ValueError(f"out_dtype must be one of {OUT_DTYPES}, got {out_dtype!r}")
+    problem.validate()
+    if problem.kv_dtype != "bf16":
+        raise ValueError(f"emulate-flash takes bf16 storage only, got {problem.kv_dtype}")
+    bug = Bug(bug)
+    if partials not in OUT_DTYPES:
+        raise ValueError(f"partials must be one of {OUT_DTYPES}, got {partials!r}")
+    if split_len is not None:
+        split_bounds(0, split_len, tile)  # validate once
+    out = np.empty(problem.out_shape(), dtype=_F32)  # [B, T, H, 512]
+    lse = np.empty((problem.B, problem.T, problem.H), dtype=_F32)  # [B, T, H]
+    with np.errstate(invalid="ignore"):  # NaN read by PAGE_OFF_BY_ONE propagates as on a GPU
+        for b in range(problem.B):
+            out[b], lse[b] = emulate_request(problem, b, bug, tile, split_len, rescale_tau, partials)
+    return round_to(out, out_dtype), lse

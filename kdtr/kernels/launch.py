@@ -1,0 +1,334 @@
+"""Running kernels on a GPU: the only kdtr module that imports cupy.
+
+Importing it never needs cupy; calling a GPU function without one raises ``GpuUnavailable``
+with a one-line reason. CUDA kernels are compiled by ``kdtr.nvrtc`` for the device's arch and
+loaded from the cached cubin; Python callables get cupy arrays (or torch tensors).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+from kdtr.kernels import contract as abi, nvrtc
+from kdtr.kernels.contract import POISON_BF16_BITS, POISON_F32_BITS
+from kdtr.kernels.launch_types import (  # re-exported: kdtr.launch stays the one import for callers
+    CTYPES, DEFAULT_LAUNCH, KernelRuntimeError, Launch, RunOutput, bf16_bits_to_f32, storage_bits,
+    launch_from_constants,
+)
+
+_STATIC_SMEM_LIMIT = 48 * 1024
+
+
+class GpuUnavailable(RuntimeError):
+    """No cupy or no CUDA device here."""
+
+
+def cupy_module():
+    """cupy, once a GPU is known to be usable: the one import of cupy in kdtr (GpuUnavailable otherwise)."""
+    try:
+        import cupy
+    except Exception as e:  # ImportError, or a broken CUDA install raising anything
+        raise GpuUnavailable(f"cupy unavailable ({type(e).__name__}: {e}); pip install 'kdtr[cuda13]'") from None
+    try:
+        if cupy.cuda.runtime.getDeviceCount() < 1:
+            raise GpuUnavailable("no CUDA device visible")
+    except GpuUnavailable:
+        raise
+    except Exception as e:
+        raise GpuUnavailable(f"no usable CUDA device ({type(e).__name__}: {e})") from None
+    return cupy
+
+
+@lru_cache(maxsize=1)
+def gpu_available() -> bool:
+    """True where cupy imports and sees a CUDA device (never raises)."""
+    try:
+        cupy_module()
+        return True
+    except Exception:
+        return False
+
+
+def gpu_unavailable_reason() -> str | None:
+    """Why there is no usable GPU here (one line), or None when there is one."""
+    try:
+        cupy_module()
+        return None
+    except GpuUnavailable as e:
+        return str(e)
+
+
+def device_arch() -> str:
+    """sm_XY of the current device."""
+    cp = cupy_module()
+    return f"sm_{cp.cuda.Device().compute_capability}"
+
+
+@lru_cache(maxsize=1)
+def device_info() -> dict:
+    """Name, arch, SM count, shared-memory opt-in, L2 size and CUDA versions of the current device."""
+    cp = cupy_module()
+    dev = cp.cuda.Device()
+    props = cp.cuda.runtime.getDeviceProperties(dev.id)
+    name = props["name"]
+    return {
+        "name": name.decode() if isinstance(name, bytes) else str(name),
+        "cc": f"sm_{props['major']}{props['minor']}",
+        "sm_count": int(props["multiProcessorCount"]),
+        "smem_optin": int(props["sharedMemPerBlockOptin"]),
+        "smem_per_sm": int(props["sharedMemPerMultiprocessor"]),
+        "regs_per_sm": int(props["regsPerMultiprocessor"]),
+        "l2_bytes": int(props["l2CacheSize"]),
+        "memory_bytes": int(props["totalGlobalMem"]),
+        "driver_version": int(cp.cuda.runtime.driverGetVersion()),
+        "runtime_version": int(cp.cuda.runtime.runtimeGetVersion()),
+        "nvrtc_version": ".".join(map(str, nvrtc.version())) if nvrtc.available() else None,
+        "cupy_version": cp.__version__,
+    }
+
+
+class DeviceProblem:
+    """A Problem's arrays on the GPU, plus out (out dtype) and lse (fp32) buffers."""
+
+    def __init__(self, problem, out_dtype: str):
+        if out_dtype not in CTYPES:
+            raise ValueError(f"out dtype must be one of {', '.join(CTYPES)}, got {out_dtype!r}")
+        cp = cupy_module()
+        problem.validate()
+        self.problem, self.out_dtype = problem, out_dtype
+        self.q = cp.asarray(storage_bits(problem.q))
+        self.kv_cache = cp.asarray(storage_bits(problem.kv_cache))
+        self.block_table = cp.asarray(np.ascontiguousarray(problem.block_table, np.int32))
+        self.prefix_lens = cp.asarray(np.ascontiguousarray(problem.prefix_lens, np.int32))
+        self.tree_mask = cp.asarray(np.ascontiguousarray(problem.tree_mask, np.uint32))
+        self.out = cp.empty(problem.out_shape(), np.float32 if out_dtype == "fp32" else np.uint16)
+        self.lse = cp.empty((problem.B, problem.T, problem.H), np.float32)
+
+    def poison(self) -> None:
+        """A signalling-NaN pattern everywhere, so an element never written is caught (UNWRITTEN).
+
+        Arithmetic never produces these bit patterns, so compare can tell "never written" from
+        "computed NaN".
+        """
+        if self.out_dtype == "fp32":
+            self.out.view(np.uint32).fill(POISON_F32_BITS)
+        else:
+            self.out.fill(POISON_BF16_BITS)
+        self.lse.view(np.uint32).fill(POISON_F32_BITS)
+
+    def randomize(self, seed: int) -> None:
+        """Fresh random q and owned cache rows drawn on the GPU (bench inputs; never zeros).
+
+        Unowned slots keep whatever the host layout had (NaN). The host Problem's q/kv_cache
+        become stale: ``download_inputs`` brings the drawn values back when a reference needs them.
+        """
+        cp = cupy_module()
+        rs = cp.random.RandomState(seed)
+        pr = self.problem
+        self.q[...] = self._storage(rs.standard_normal(self.q.shape, dtype=cp.float32))
+        flat = self.kv_cache.reshape(-1, pr.kv_cache.shape[-1])
+        for b in range(pr.B):
+            slots = cp.asarray(pr.tokens(b))
+            flat[slots] = self._storage(rs.standard_normal((int(slots.size), flat.shape[1]), dtype=cp.float32))
+
+    def _storage(self, x32):
+        """fp32 device values -> this problem's storage bits (bf16 by round-to-nearest-even)."""
+        cp = cupy_module()
+        if self.kv_cache.dtype == cp.float32:
+            return x32
+        u = x32.view(cp.uint32)
+        return ((u + cp.uint32(0x7FFF) + ((u >> 16) & cp.uint32(1))) >> 16).astype(cp.uint16)
+
+    def download_inputs(self):
+        """The host Problem with the device's current q and cache values."""
+        from dataclasses import replace
+
+        pr = self.problem
+        return replace(pr, q=self.q.get().view(pr.q.dtype), kv_cache=self.kv_cache.get().view(pr.kv_cache.dtype))
+
+    def params(self, workspace_ptr: int = 0, num_splits: int = 1) -> np.void:
+        pr = self.problem
+        return abi.pack_params(
+            q=self.q.data.ptr, kv_cache=self.kv_cache.data.ptr, block_table=self.block_table.data.ptr,
+            prefix_lens=self.prefix_lens.data.ptr, tree_mask=self.tree_mask.data.ptr, out=self.out.data.ptr,
+            lse=self.lse.data.ptr, workspace=workspace_ptr, B=pr.B, T=pr.T, H=pr.H, page_size=pr.page_size,
+            max_pages=pr.block_table.shape[1], mask_words=pr.tree_mask.shape[2], num_pages=pr.kv_cache.shape[0],
+            num_splits=num_splits, scale=pr.scale,
+        )
+
+    def download(self) -> tuple[np.ndarray, np.ndarray]:
+        out = self.out.get()
+        return (out if self.out_dtype == "fp32" else bf16_bits_to_f32(out)), self.lse.get()
+
+
+@dataclass
+class Loaded:
+    function: object
+    module: object
+    compiled: nvrtc.Compiled
+    consts: tuple[int, int, int, int]
+    """kdtr_launch of the module, or DEFAULT_LAUNCH."""
+    dependent: bool = False
+    """The kernel opens with kdtr::pdl_wait(): as a later step it is launched dependent (kdtr/kernels/pdl.py)."""
+
+
+_MODULES: dict[str, object] = {}
+
+
+def load_function(source_path, name_expression: str, arch: str | None = None, options=(), dependent: bool = False) -> Loaded:
+    """Compile (or take from the cubin cache) one kernel for this device and load it."""
+    cp = cupy_module()
+    compiled = nvrtc.compile_file(source_path, [name_expression], arch or device_arch(), options=tuple(options))
+    if compiled.key not in _MODULES:
+        path = compiled.path
+        if path is None:  # cache not writable: a private copy
+            import tempfile
+
+            fd, tmp = tempfile.mkstemp(suffix=".cubin")
+            with open(fd, "wb") as f:
+                f.write(compiled.cubin)
+            path = Path(tmp)
+        _MODULES[compiled.key] = cp.RawModule(path=str(path))
+    module = _MODULES[compiled.key]
+    try:
+        consts = read_global_ints(module, "kdtr_launch", 4)
+    except Exception:  # no kdtr_launch in this file (CUDA_ERROR_NOT_FOUND)
+        consts = DEFAULT_LAUNCH
+    return Loaded(module.get_function(compiled.lowered[name_expression]), module, compiled, consts, dependent)
+
+
+def read_global_ints(module, name: str, n: int) -> tuple[int, ...]:
+    """The first n ints of an ``extern "C"`` __device__ / __constant__ array of a loaded module."""
+    cp = cupy_module()
+    return tuple(int(x) for x in cp.ndarray((n,), cp.int32, module.get_global(name)).get())
+
+
+def device_ints(a: np.ndarray):
+    """An int32 table on the GPU, passed to a kernel as a pointer argument (e.g. flash-sm90's work table);
+    the launcher's argument tuple keeps it alive. An empty table is a null pointer."""
+    if a.size == 0:
+        return np.uint64(0)
+    return cupy_module().asarray(np.ascontiguousarray(a, np.int32))
+
+
+def synchronize(cp, what: str) -> None:
+    try:
+        cp.cuda.runtime.deviceSynchronize()
+    except Exception as e:
+        raise KernelRuntimeError(f"{what}: {e}") from e
+
+
+def make_launcher(dp: DeviceProblem, steps, workspace_bytes: int = 0, num_splits: int = 1):
+    """A zero-argument callable that enqueues ``steps`` [(Loaded, grid, block, smem_bytes[, extra args])]
+    with one KdtrParams (plus a step's extra by-value arguments, e.g. flash-sm90's tensor map) and one
+    zero-filled workspace; no poison, no sync (what bench times)."""
+    cp = cupy_module()
+    ws = cp.zeros(workspace_bytes, cp.uint8) if workspace_bytes else None
+    arg = abi.as_kernel_arg(dp.params(ws.data.ptr if ws is not None else 0, num_splits))
+    launches = [(loaded, tuple(grid), tuple(block), smem, (arg, *(extra[0] if extra else ())))
+                for loaded, grid, block, smem, *extra in steps]
+    for loaded, _, _, smem, _ in launches:
+        if smem > _STATIC_SMEM_LIMIT:
+            loaded.function.max_dynamic_shared_size_bytes = smem
+    calls = [_dependent_call(*step) if i and step[0].dependent and pdl_enabled() else _plain_call(*step)
+             for i, step in enumerate(launches)]
+
+    def go():
+        stream = cp.cuda.get_current_stream().ptr
+        for call in calls:
+            call(stream)
+
+    go.workspace = ws  # keeps the scratch alive as long as the launcher
+    go.problem = dp  # and the inputs and outputs: the launches hold only their addresses
+    return go
+
+
+def pdl_enabled() -> bool:
+    """Dependent launches (kdtr/kernels/pdl.py) where the device has them (sm_90+), unless KDTR_PDL=0."""
+    from kdtr.kernels.knobs import pdl_knob
+
+    return pdl_knob(os.environ.get("KDTR_PDL", "")) and int(device_info()["cc"][3:]) >= 90
+
+
+def _plain_call(loaded, grid, block, smem, args):
+    return lambda stream: loaded.function(grid, block, args, shared_mem=smem)
+
+
+def _dependent_call(loaded, grid, block, smem, args):
+    from kdtr.kernels import pdl
+
+    return pdl.prepare(function_ptr(loaded.function), grid, block, smem, args)
+
+
+def function_ptr(fn) -> int:
+    """The CUfunction of a loaded kernel (a cupy RawKernel holds it as .kernel, a cupy Function is it)."""
+    return int(getattr(fn, "kernel", fn).ptr)
+
+
+def launch_kernels(name: str, dp: DeviceProblem, steps, workspace_bytes: int = 0, num_splits: int = 1) -> RunOutput:
+    """Poison dp's outputs, run ``steps`` in order, synchronize, download. ms spans all the steps."""
+    cp = cupy_module()
+    go = make_launcher(dp, steps, workspace_bytes, num_splits)
+    dp.poison()
+    start, stop = cp.cuda.Event(), cp.cuda.Event()
+    try:
+        start.record()
+        go()
+        stop.record()
+    except Exception as e:
+        raise KernelRuntimeError(f"{name}: launch failed: {e}") from e
+    synchronize(cp, name)
+    out, lse = dp.download()
+    return RunOutput(out, lse, float(cp.cuda.get_elapsed_time(start, stop)))
+
+
+class CudaKernel:
+    """A CUDA kernel taking ``const KdtrParams``: compiled per (kv dtype, out dtype) on first use."""
+
+    writes_lse = True
+
+    def __init__(self, name: str, source, template: str, geometry=None, bug: int = 0, caps=None, options=()):
+        self.name, self.source, self.template = name, Path(source), template
+        self.geometry = geometry
+        """problem -> Launch; None: the file's kdtr_launch constants (the user-kernel contract)."""
+        self.bug, self.caps, self.options = int(bug), caps, tuple(options)
+        self._loaded: dict[tuple[str, str], Loaded] = {}
+
+    def name_expression(self, kv_dtype: str, out_dtype: str) -> str:
+        t = self.template.replace("{kv}", CTYPES[kv_dtype]).replace("{out}", CTYPES[out_dtype])
+        return t.replace("{bug}", str(self.bug))
+
+    def load(self, kv_dtype: str, out_dtype: str) -> Loaded:
+        key = (kv_dtype, out_dtype)
+        if key not in self._loaded:
+            self._loaded[key] = load_function(self.source, self.name_expression(kv_dtype, out_dtype), options=self.options)
+        return self._loaded[key]
+
+    def run(self, problem, out_dtype: str) -> RunOutput:
+        return self.run_on(DeviceProblem(problem, out_dtype))
+
+    def steps(self, dp: DeviceProblem):
+        """([(Loaded, grid, block, smem)], workspace_bytes, num_splits) for dp's shape."""
+        loaded = self.load(dp.problem.kv_dtype, dp.out_dtype)
+        g = self.geometry(dp.problem) if self.geometry else launch_from_constants(dp.problem, loaded.consts)
+        return [(loaded, g.grid, g.block, g.smem_bytes)], g.workspace_bytes, g.num_splits
+
+    def run_on(self, dp: DeviceProblem) -> RunOutput:
+        """Poison, launch once, synchronize, download (inputs already on the GPU)."""
+        return launch_kernels(self.name, dp, *self.steps(dp))
+
+    def prepare(self, dp: DeviceProblem):
+        """A no-sync launcher on dp for timing."""
+        return make_launcher(dp, *self.steps(dp))
+
+
+__all__ = [
+    "CTYPES", "CudaKernel", "DeviceProblem", "GpuUnavailable", "KernelRuntimeError", "Launch", "Loaded",
+    "RunOutput", "device_arch", "device_info", "gpu_available", "gpu_unavailable_reason",
+    "device_ints", "launch_from_constants", "launch_kernels", "make_launcher", "load_function", "read_global_ints",
+]

@@ -1,0 +1,90 @@
+"""Case specs, names and the serving layout they expand to."""
+
+import hashlib
+
+import numpy as np
+import pytest
+
+from kdtr.inputs import suites
+from kdtr.inputs.cases import CaseSpec, build_problem
+from kdtr.inputs.presets import BUDGETS, DK, PAGE_SIZES, prefix_edges
+
+
+def test_layout_is_paged_shuffled_and_nan_elsewhere():
+    spec = CaseSpec(prefix_lens=(0, 63, 64, 65, 130), budget=16, page_size=64, heads=2)
+    p, _ = build_problem(spec)
+    flat = p.kv_cache.reshape(-1, DK)
+    owned = np.zeros(flat.shape[0], dtype=bool)
+    for b in range(p.B):
+        slots = p.tokens(b)
+        assert not np.isnan(flat[slots].astype(np.float32)).any(), "a live row holds NaN"
+        owned[slots] = True
+    assert np.isnan(flat[~owned].astype(np.float32)).all(), "a slot no request owns is not NaN"
+    used = [p.block_table[b, : -(-(int(p.prefix_lens[b]) + p.T) // 64)] for b in range(p.B)]
+    allp = np.concatenate(used)
+    assert len(set(allp.tolist())) == len(allp), "two requests share a page"
+    assert not np.array_equal(allp, np.sort(allp)), "pages are not shuffled"
+    pad = p.block_table[0, len(used[0]):]  # request 0 needs one page; the rest of its row is padding
+    assert len(pad) and np.isnan(p.kv_cache[pad].astype(np.float32)).all(), "padding must point at a NaN page"
+
+
+def test_same_seed_same_bytes_other_seed_other_bytes():
+    spec = CaseSpec(prefix_lens=(5, 70), budget=16, heads=2, page_size=1)
+    a, _ = build_problem(spec)
+    b, _ = build_problem(spec)
+    c, _ = build_problem(CaseSpec(prefix_lens=(5, 70), budget=16, heads=2, page_size=1, seed=1))
+    for name in ("q", "kv_cache", "block_table", "tree_parent", "tree_mask"):
+        assert getattr(a, name).tobytes() == getattr(b, name).tobytes()
+    assert a.q.tobytes() != c.q.tobytes()
+
+
+def test_inputs_are_pinned_across_versions():
+    """The bytes of a small case are pinned: a numpy or platform change that alters them fails here."""
+    p, _ = build_problem(CaseSpec(prefix_lens=(3,), budget=4, heads=1, page_size=4, kv_dtype="bf16"))
+    h = hashlib.sha256()
+    for a in (p.q, p.kv_cache, p.block_table, p.tree_parent, p.tree_mask):
+        h.update(np.ascontiguousarray(a).tobytes())
+    assert h.hexdigest() == PINNED
+
+
+PINNED = "b1820f0424a9902745d407f65cfe2b4421dc985fe1c79df9504968ffd404de49"
+
+
+def test_names_are_unique_and_parameter_derived():
+    for name, fn in suites.SUITES.items():
+        names = [s.name for s in fn()]
+        assert len(names) == len(set(names)), name
+    s = CaseSpec(model="kimi-k2", heads=8, prefix_lens=(8192, 3), budget=256, profile="confident", page_size=1,
+                 kv_dtype="bf16", out_dtype="fp32", seed=7)
+    assert s.name == "kimi-h8-p8k.3-ddtree256c-pg1-bf16ofp32-s7"
+    assert CaseSpec.from_json(s.to_json()) == s
+
+
+def test_ci_suite_covers_every_edge():
+    ci = suites.ci()
+    assert {s.T for s in ci} >= {b + 1 for b in BUDGETS}
+    assert {s.family for s in ci} >= {"ddtree", "chain", "star", "root", "json"}
+    assert {s.page_size for s in ci} == set(PAGE_SIZES)
+    assert {(s.kv_dtype, s.out_dtype) for s in ci} == {("fp32", "fp32"), ("bf16", "bf16"), ("bf16", "fp32"), ("fp32", "bf16")}
+    assert {s.profile for s in ci if s.family == "ddtree"} == {"confident", "uncertain", "mixed"}
+    prefixes = {p for s in ci for p in s.prefix_lens}
+    assert set(prefix_edges(64)) <= prefixes
+    assert any(len(set(s.prefix_lens)) > 1 for s in ci), "no mixed-length batch"
+    assert any(s.H == 16 and s.T > 1 for s in ci), "no full TP8 DeepSeek head count on a tree"
+    assert sum(s.nbytes_estimate() for s in ci) < 25e6
+
+
+@pytest.mark.parametrize("bad", [
+    dict(model="llama"), dict(kv_dtype="fp16"), dict(family="bush"), dict(profile="sure"),
+    dict(prefix_lens=()), dict(prefix_lens=(-1,)), dict(heads=0), dict(family="json"),
+])
+def test_bad_specs_are_refused(bad):
+    with pytest.raises(ValueError):
+        CaseSpec(**bad)
+
+
+def test_names_stay_short_for_big_batches():
+    equal = CaseSpec(prefix_lens=(32768,) * 32)
+    mixed = CaseSpec(prefix_lens=tuple(range(121)))
+    assert "p32kx32" in equal.name and len(mixed.name) < 80
+    assert CaseSpec(prefix_lens=tuple(range(121))).name == mixed.name != CaseSpec(prefix_lens=tuple(range(1, 122))).name

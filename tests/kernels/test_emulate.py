@@ -1,0 +1,286 @@
+"""emulate-flash: a correct bf16 flash kernel passes the calibrated tolerances with bf16-like
+(not zero) error, splits really happen, and every planted bug fails at least one problem.
+
+Measured figures are printed (``pytest -rP`` or ``-s`` shows them) for tolerance calibration.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from kdtr.golden import tolerances
+from kdtr.kernels.bugs import PLANTED, Bug
+from kdtr.golden.bundle import load_bundle
+from kdtr.inputs.cases import CaseSpec, build_problem
+from kdtr.check.compare import Status, compare
+from kdtr.kernels.emulate import default_split_len, emulate_flash, split_bounds
+from kdtr.inputs.presets import DK, DV
+from kdtr.golden.reference import reference
+from kdtr.inputs.trees import unpack_mask
+
+EDGES = (0, 1, 63, 64, 65, 700)
+CASES = {
+    # DeepSeek TP8: prefix edges around the 64-key tile / page, real DDTree masks.
+    "dsv3-edges": CaseSpec(heads=16, prefix_lens=EDGES, budget=16),
+    # SGLang token pool (page 1), chain (causal) trees.
+    "dsv3-edges-pg1-chain": CaseSpec(heads=16, prefix_lens=EDGES, family="chain", budget=16, page_size=1),
+    # Kimi TP8, a prefix long enough for 4 prefix splits plus the tail split.
+    "kimi-long": CaseSpec(model="kimi-k2", heads=8, prefix_lens=(2500,), budget=64),
+    # Plain decode (T = 1), page 1.
+    "dsv3-decode-pg1": CaseSpec(heads=16, prefix_lens=(1, 64, 700, 2500), budget=0, page_size=1),
+    # Star: every node but the root is a leaf whose only ancestor is the root.
+    "dsv3-star": CaseSpec(heads=16, prefix_lens=(65, 300), family="star", budget=16),
+    # No prefix: the tail is the only split.
+    "dsv3-p0": CaseSpec(heads=16, prefix_lens=(0,), budget=16),
+}
+
+# Bug -> the problems it must fail on, and why.
+BUG_CASES = {
+    # ddtree pop order: node t-1 is often a sibling/cousin, not t's parent; in a star every node
+    # t >= 2 gains a full-weight sibling key. (In a chain t-1 is the parent: a no-op, tested below.)
+    Bug.SIBLING_VISIBLE: ("dsv3-edges", "dsv3-star", "dsv3-p0"),
+    # The P=1 request's root loses half of its two keys; decode P=1 loses its only prefix key.
+    Bug.DROP_PREFIX_KEY: ("dsv3-edges", "dsv3-edges-pg1-chain", "dsv3-decode-pg1"),
+    # P=63 loses its whole prefix, P=65 one key, P=700 60 keys.
+    Bug.DROP_PARTIAL_TILE: ("dsv3-edges", "dsv3-edges-pg1-chain", "dsv3-decode-pg1", "dsv3-star"),
+    # Logits have std ~3 here: +1% sharpens every softmax (lse moves by ~1%, ~70x its tolerance).
+    Bug.SCALE_OFF: tuple(CASES),
+    # The 64 RoPE columns carry ~1/9 of q.k's variance: every score moves by ~1.
+    Bug.NO_ROPE: tuple(CASES),
+    # kimi-long merges 4 prefix splits + the tail; dsv3-edges merges prefix + tail per request;
+    # dsv3-p0 has one split only, so the bug plants a 2-way split of the tail.
+    Bug.MERGE_WRONG_MAX: ("kimi-long", "dsv3-edges", "dsv3-p0"),
+    # page 64: the P=63 request's key 63 comes from page 1 offset 63, an unowned NaN slot;
+    # page 1: every key is its successor, the last one on the NaN spare page.
+    Bug.PAGE_OFF_BY_ONE: ("dsv3-edges", "dsv3-edges-pg1-chain", "dsv3-decode-pg1"),
+}
+
+
+@lru_cache(maxsize=None)
+def case(name: str):
+    """(problem, ref_out, ref_lse) of a named case, built once."""
+    p, _ = build_problem(CASES[name])
+    ro, rl = reference(p)
+    return p, ro, rl
+
+
+@lru_cache(maxsize=None)
+def run(name: str, out_dtype: str = "bf16", bug: Bug = Bug.NONE, split_len: int | None = None):
+    p, _, _ = case(name)
+    return emulate_flash(p, out_dtype, bug, split_len=split_len)
+
+
+def check(name: str, out_dtype: str = "bf16", bug: Bug = Bug.NONE, split_len: int | None = None):
+    """(out Check, lse Check) against the fp64 reference with the table's bf16-storage tolerances."""
+    p, ro, rl = case(name)
+    o, l = run(name, out_dtype, bug, split_len)
+    co = compare(o, ro, tolerances.default("bf16", out_dtype, "out"), "out", depth=p.tree_depth)
+    cl = compare(l, rl, tolerances.default("bf16", out_dtype, "lse"), "lse", depth=p.tree_depth)
+    return co, cl
+
+
+def fig(c) -> str:
+    return f"{c.output} {c.status.value} max_abs={c.max_abs:.3g} ratio={c.ratio:.3g} rel_norm={c.rel_norm:.3g}"
+
+
+@pytest.mark.parametrize("out_dtype", ["bf16", "fp32"])
+@pytest.mark.parametrize("name", list(CASES))
+def test_correct_kernel_passes(name, out_dtype):
+    co, cl = check(name, out_dtype)
+    msg = f"{name} out_dtype={out_dtype}: {fig(co)} | {fig(cl)}"
+    print(msg)
+    assert co.status is Status.PASS, msg + " " + co.message
+    assert cl.status is Status.PASS, msg + " " + cl.message
+
+
+@pytest.mark.parametrize("name", ["dsv3-edges", "kimi-long", "dsv3-decode-pg1"])
+def test_error_is_bf16_like_not_zero(name):
+    """fp32 out still carries the bf16 P rounding: relative norm well above fp32 noise."""
+    co, _ = check(name, "fp32")
+    assert 1e-5 < co.rel_norm < 1e-2, fig(co)
+
+
+def test_bf16_out_holds_bf16_values():
+    o, _ = run("dsv3-edges", "bf16")
+    assert o.dtype == np.float32
+    np.testing.assert_array_equal(o, o.astype(ml_dtypes.bfloat16).astype(np.float32))
+    o32, _ = run("dsv3-edges", "fp32")
+    assert not np.array_equal(o, o32)
+
+
+def test_refuses_fp32_storage_and_bad_arguments():
+    p, _ = build_problem(CaseSpec(heads=2, prefix_lens=(3,), budget=2, kv_dtype="fp32", out_dtype="fp32"))
+    with pytest.raises(ValueError, match="bf16"):
+        emulate_flash(p, "fp32")
+    pb, _, _ = case("dsv3-p0")
+    with pytest.raises(ValueError):
+        emulate_flash(pb, "fp16")
+    with pytest.raises(ValueError):
+        emulate_flash(pb, split_len=100)  # not a multiple of the 64-key tile
+
+
+def test_split_bounds():
+    assert default_split_len(2500) == 640
+    assert split_bounds(2500, 640) == [(0, 640), (640, 1280), (1280, 1920), (1920, 2500)]
+    assert split_bounds(700, default_split_len(700)) == [(0, 700)]
+    assert split_bounds(0, default_split_len(0)) == []
+    assert split_bounds(1, default_split_len(1)) == [(0, 1)]
+    assert len(split_bounds(131072, default_split_len(131072))) == 16
+    for P in (1, 63, 64, 65, 511, 512, 1025, 2500, 8192, 32768, 131072):
+        sl = default_split_len(P)
+        b = split_bounds(P, sl)
+        assert sl % 64 == 0 and b[0][0] == 0 and b[-1][1] == P
+        assert all(s1 == t0 for (_, s1), (t0, _) in zip(b, b[1:]))
+        assert all(0 < s1 - s0 <= sl for s0, s1 in b)
+    with pytest.raises(ValueError):
+        split_bounds(100, 96)
+
+
+def test_split_len_changes_arithmetic_not_result():
+    """Many splits, one split, default: all pass, and the bf16 rounding really differs."""
+    outs = {}
+    for sl in (64, None, 2560):
+        co, cl = check("kimi-long", "fp32", split_len=sl)
+        assert co.status is Status.PASS and cl.status is Status.PASS, f"split_len={sl}: {fig(co)} {fig(cl)}"
+        outs[sl] = run("kimi-long", "fp32", split_len=sl)[0]
+    assert not np.array_equal(outs[64], outs[None])
+    assert not np.array_equal(outs[None], outs[2560])
+
+
+def tile_loop(p, b: int, split_len: int, tile: int = 64, round_p: bool = True):
+    """Independent oracle: the GPU's literal per-tile online softmax of request b, fp32.
+
+    Returns out [T, H, 512] and lse [T, H] (out not rounded to an output dtype).
+    """
+    T, H = p.T, p.H
+    R, P = T * H, int(p.prefix_lens[b])
+    kv = p.kv_cache.reshape(-1, DK)[p.tokens(b)].astype(np.float32)  # [P+T, 576]
+    q = p.q[b].reshape(R, DK).astype(np.float32)  # [R, 576]
+    vis = np.ones((R, P + T), dtype=bool)
+    vis[:, P:] = np.repeat(unpack_mask(p.tree_mask[b], T), H, axis=0)
+    outs, lses = [], []
+    for s0, s1 in split_bounds(P, split_len, tile) + [(P, P + T)]:
+        m = np.full(R, -np.inf, np.float32)
+        l = np.zeros(R, np.float32)
+        acc = np.zeros((R, DV), np.float32)
+        for t0 in range(s0, s1, tile):
+            t1 = min(s1, t0 + tile)
+            s = (q @ kv[t0:t1].T) * np.float32(p.scale)
+            s = np.where(vis[:, t0:t1], s, np.float32(-np.inf))
+            m_new = np.maximum(m, s.max(axis=1))
+            ms = np.where(np.isneginf(m_new), np.float32(0), m_new)
+            pr = np.exp(s - ms[:, None])
+            alpha = np.exp(m - ms)
+            l = l * alpha + pr.sum(axis=1)
+            if round_p:
+                pr = pr.astype(ml_dtypes.bfloat16).astype(np.float32)
+            acc = acc * alpha[:, None] + pr @ kv[t0:t1, :DV]
+            m = m_new
+        outs.append(acc / l[:, None])
+        lses.append(m + np.log(l))
+    lse_s = np.stack(lses)  # [S, R]
+    M = lse_s.max(axis=0)
+    w = np.exp(lse_s - M)
+    out = (w[:, :, None] * np.stack(outs)).sum(axis=0) / w.sum(axis=0)[:, None]
+    return out.reshape(T, H, DV), (M + np.log(w.sum(axis=0))).reshape(T, H)
+
+
+@pytest.mark.parametrize("name, b", [("dsv3-edges", 5), ("dsv3-edges", 2), ("kimi-long", 0)])
+def test_matches_literal_tile_loop(name, b):
+    """The folded rescale equals the per-tile loop to fp32 rounding, far below the bf16 error (2^-8).
+
+    fp32 rounding here depends on the CPU's BLAS kernels: OpenBLAS's FMA kernels (Haswell, Zen) put
+    the two up to 4.8e-6 x scale apart on these cases, its SSE ones (Sandybridge) 8e-7; the loop
+    with a wrong rescale factor (sqrt(alpha)) is 0.24-0.36 x scale off on the two multi-tile cases."""
+    p, ro, rl = case(name)
+    sl = default_split_len(int(p.prefix_lens[b]))
+    o, l = run(name, "fp32")
+    lo, ll = tile_loop(p, b, sl)
+    scale = np.abs(ro[b]).max()
+    assert np.abs(o[b] - lo).max() < 2e-5 * scale, np.abs(o[b] - lo).max()
+    assert np.abs(l[b] - ll).max() < 1e-5
+    # Without the P rounding the same loop meets the fp32-kernel tolerance: P is the bf16 error.
+    xo, xl = tile_loop(p, b, sl, round_p=False)
+    c = compare(xo[None], ro[b : b + 1], tolerances.default("fp32", "fp32", "out"))
+    assert c.status is Status.PASS, fig(c)
+    assert np.abs(xl - rl[b]).max() < 2e-5
+
+
+@pytest.mark.parametrize("bug", PLANTED, ids=lambda b: b.slug)
+def test_planted_bug_fails(bug):
+    lines = []
+    for name in BUG_CASES[bug]:
+        co, cl = check(name, "bf16", bug)
+        ok, _ = check(name, "bf16")
+        lines.append(f"{bug.slug} on {name}: {fig(co)} | {fig(cl)} (correct ratio {ok.ratio:.3g})")
+        assert co.status in (Status.FAIL_NUMERIC, Status.NAN), lines[-1]
+        assert cl.status in (Status.FAIL_NUMERIC, Status.NAN), lines[-1]
+        if co.status is Status.FAIL_NUMERIC:  # well beyond what the correct kernel makes
+            assert co.ratio > 2.5 * ok.ratio, lines[-1]
+    print("\n".join(lines))
+
+
+def test_bugs_are_noops_where_their_definition_says():
+    """Exact definitions: no effect where the bug's condition never holds."""
+    base = run("dsv3-edges-pg1-chain", "fp32")[0]
+    # A chain's node t-1 is its parent: SIBLING_VISIBLE adds nothing.
+    np.testing.assert_array_equal(run("dsv3-edges-pg1-chain", "fp32", Bug.SIBLING_VISIBLE)[0], base)
+    # Request 0 has P=0 (nothing to drop); request 3 has P=64 (no partial tile).
+    for bug, b in ((Bug.DROP_PREFIX_KEY, 0), (Bug.DROP_PARTIAL_TILE, 0), (Bug.DROP_PARTIAL_TILE, 3)):
+        np.testing.assert_array_equal(run("dsv3-edges-pg1-chain", "fp32", bug)[0][b], base[b])
+    # Page 64, P=0, T=17: tokens 0..16 never reach (j + 1) % 64 == 0.
+    np.testing.assert_array_equal(run("dsv3-p0", "fp32", Bug.PAGE_OFF_BY_ONE)[0], run("dsv3-p0", "fp32")[0])
+
+
+GOLDEN_CI = Path(__file__).resolve().parents[2] / "goldens" / "ci"
+PEAKED = "dsv3-h1-p0.1.63.64.65-ddtree64m-pg64-bf16-s0"
+"""The ci case whose rows see the fewest keys (prefixes 0-65): the one where a row's largest P matters most."""
+
+
+def emulated_check(case: str, **emulate_kw) -> tuple[Status, float]:
+    """(status, worst element ratio) of goldens/ci's ``case`` emulated with ``emulate_kw``, checked on out as kdtr
+    verify checks it: what an experiment's accuracy cost looks like to the bf16 check."""
+    b = load_bundle(GOLDEN_CI / f"{case}.kdtr")
+    o, _ = emulate_flash(b.problem, b.out_dtype, **emulate_kw)
+    c = compare(o, b.out, tolerances.resolve(b.kv_dtype, b.out_dtype, "out", b.tolerances), "out",
+                depth=b.problem.tree_depth)
+    return c.status, round(c.ratio, 3)
+
+
+@pytest.mark.skipif(not (GOLDEN_CI / f"{PEAKED}.kdtr").exists(), reason="goldens/ci not generated")
+def test_kept_maximum_costs_accuracy_the_check_sees():
+    """flash-sm90's KDTR_F90_RESCALE_TAU experiment (a running max kept unless a tile's exceeds it by more than
+    tau, as FlashAttention 4 does) was 5 % faster on DeepSeek T65 P8k B1 at tau = 8 and failed this ci case on the
+    H200 (docs/PERF.md, session 21). Emulated with flash-sm90's 32-key tiles it fails the same way, with the same
+    worst element (1.045 of its tolerance, 0.642 at tau = 0), and passes at tau = 0 and 3: the bf16 tolerance catches
+    an optimisation that is exact math but no longer rounds the row's largest P (1 under the true maximum) exactly."""
+    ratios = {tau: emulated_check(PEAKED, tile=32, rescale_tau=tau) for tau in (0.0, 3.0, 8.0)}
+    assert ratios[0.0][0] is Status.PASS and ratios[3.0][0] is Status.PASS, ratios
+    assert ratios[8.0][0] is Status.FAIL_NUMERIC and ratios[8.0][1] > 1.0 > ratios[0.0][1], ratios
+
+
+SPLIT_HEAVY = "dsv3-h16-p1.130-ddtree16m-pg64-bf16-s0"
+"""A ci case whose rows mix a short prefix and a 16-node tree: with 32-key splits most rows merge several partials."""
+
+
+@pytest.mark.skipif(not (GOLDEN_CI / f"{SPLIT_HEAVY}.kdtr").exists(), reason="goldens/ci not generated")
+def test_bf16_partials_cost_accuracy_the_check_sees():
+    """flash-sm90's KDTR_PARTIAL_AS_OUT experiment stores the splits' partial rows in bf16 (half the bytes of their
+    round trip; flashinfer keeps partials in the output type). Measured on the H200 it saved 0.5-1.1 us on B1 launches
+    and cost 1 % on DeepSeek T65 P8k B8 (docs/PERF.md, session 22). Emulated, the check shows why fp32 partials stay
+    the default: each partial rounded to bf16 and the merged row rounded again takes this case from 0.588 of the
+    element tolerance to past it once every 32 keys is a split (as the H200's B1 decode launches cut 512-1056 keys)."""
+    ratios = {kind: emulated_check(SPLIT_HEAVY, tile=32, split_len=32, partials=kind) for kind in ("fp32", "bf16")}
+    assert ratios["fp32"][0] is Status.PASS and ratios["fp32"][1] < 0.7, ratios
+    assert ratios["bf16"][0] is Status.FAIL_NUMERIC and ratios["bf16"][1] > 1.0, ratios
+
+
+def test_partials_dtype_is_checked():
+    p, _ = build_problem(CaseSpec(model="kimi-k2", heads=1, prefix_lens=(4,), budget=1))
+    with pytest.raises(ValueError, match="partials"):
+        emulate_flash(p, "bf16", partials="fp16")

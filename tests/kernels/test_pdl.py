@@ -1,0 +1,94 @@
+"""Dependent launches (kdtr/kernels/pdl.py), without a GPU: the ctypes structures match cuda.h, arguments
+pack to the bytes cupy would pass, a prepared launch keeps its arguments, and every kernel launched
+dependent opens with its wait. tests/test_gpu_verify.py checks on a GPU that the launch does overlap and the wait
+orders it."""
+
+from __future__ import annotations
+
+import ctypes
+import re
+
+import numpy as np
+import pytest
+
+from kdtr.kernels import contract as abi, nvrtc, pdl
+from kdtr.kernels.flash.kernel import DEPENDENT_PREFIX
+from kdtr.kernels.nvrtc import CUDA_DIR
+
+
+def test_structures_have_cuda_h_layout():
+    assert ctypes.sizeof(pdl.LaunchAttribute) == 72 and pdl.LaunchAttribute.value.offset == 8
+    cfg = pdl.LaunchConfig
+    assert (cfg.smem_bytes.offset, cfg.stream.offset, cfg.attrs.offset, cfg.num_attrs.offset) == (24, 32, 40, 48)
+    assert ctypes.sizeof(cfg) == 56
+
+
+@pytest.mark.nvrtc
+def test_attribute_id_is_cuda_h_s():
+    text = (nvrtc.cuda_include_dir() / "cuda.h").read_text(errors="replace")
+    found = re.search(r"CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION\s*=\s*(\d+)", text)
+    assert found and int(found.group(1)) == pdl.PROGRAMMATIC_STREAM_SERIALIZATION
+
+
+def test_arguments_pack_to_their_bytes():
+    rec = abi.as_kernel_arg(abi.pack_params(q=1, kv_cache=2, block_table=3, prefix_lens=4, tree_mask=5, out=6, lse=7,
+                                            workspace=8, B=1, T=9, H=8, page_size=64, max_pages=3, mask_words=1,
+                                            num_pages=3, num_splits=2, scale=0.1))
+
+    class Device:  # a device array: only its pointer travels
+        class data:
+            ptr = 0xDEADBEEF000
+
+    bufs = pdl.arg_buffers([rec, Device(), np.uint64(7), 5])
+    assert bytes(bufs[0]) == rec.tobytes() and len(bytes(bufs[0])) == rec.dtype.itemsize
+    assert [bytes(b) for b in bufs[1:]] == [v.to_bytes(8, "little") for v in (0xDEADBEEF000, 7, 5)]
+
+
+def test_a_prepared_launch_keeps_its_device_tables_alive():
+    """The packed bytes hold only a table's address: were the array itself dropped, the memory pool
+    could hand its memory to the next allocation before the launch (segments' job table did so)."""
+    import gc
+    import weakref
+
+    class Table:
+        class data:
+            ptr = 0x1000
+
+    table = Table()
+    alive = weakref.ref(table)
+    launch = pdl.prepare(0x1, (1, 1, 1), (32, 1, 1), 0, (np.uint64(3), table))
+    del table
+    gc.collect()
+    assert alive() is not None
+    del launch
+    gc.collect()
+    assert alive() is None
+
+
+def _kernel_bodies(source: str):
+    """(name, body) of each __global__ kernel of a CUDA source (body up to its closing brace at column 0)."""
+    for m in re.finditer(r"__global__ void(?:\s+__\w+__\([^)]*\))?\s+(\w+)\s*\([^{]*?\)\s*\{", source, re.S):
+        yield m.group(1), source[m.end():source.index("\n}", m.end())]
+
+
+def test_every_dependent_kernel_waits_first_and_the_main_kernels_release_them():
+    split = (CUDA_DIR / "flash_split.cuh").read_text()
+    merges = [(n, b) for n, b in _kernel_bodies(split) if n.startswith(DEPENDENT_PREFIX)]
+    assert len(merges) == 4
+    for name, body in merges:  # the wait before any statement (shared declarations and comments aside)
+        first = [ln.strip() for ln in body.splitlines() if ln.strip() and not ln.strip().startswith(("__shared__", "//"))][0]
+        assert first.startswith("kdtr::pdl_wait();"), name
+    for src in ("flash.cu", "flash_sm90.cu"):
+        mains = [b for n, b in _kernel_bodies((CUDA_DIR / src).read_text()) if not n.startswith(DEPENDENT_PREFIX)]
+        assert mains and all("kdtr::pdl_launch_dependents();" in b for b in mains), src
+
+
+def test_the_tail_launch_waits_for_the_first_grid_before_it_exits():
+    """flash-sm90's XR_ONLY build is launched dependent as the tail launch (kdtr/kernels/flash/kernel.py) and reads
+    nothing the first grid writes, so it does not wait first; the combine launch after it waits for it
+    alone, so its last statement must be the wait (else the combine could read partials of the first
+    grid still being written)."""
+    (body,) = [b for n, b in _kernel_bodies((CUDA_DIR / "flash_sm90.cu").read_text()) if not n.startswith(DEPENDENT_PREFIX)
+               and "kdtr_flash90_verify" in n]
+    last = [ln.strip() for ln in body.splitlines() if ln.strip() and not ln.strip().startswith("//")][-1]
+    assert last == "if (XONLY) kdtr::pdl_wait();"
