@@ -38,6 +38,10 @@
 
 #include "kdtr_abi.h"
 #include "kdtr_common.cuh"
+// the combine launch's partial rows in flight per warp (flash_split.cuh): 8 (at 9 the sm_120 build spills)
+namespace kdtr {
+constexpr int COMBINE_BATCH = 8;
+}
 #include "flash_split.cuh"
 
 // ---------------------------------------------------------------------------------------------
@@ -381,7 +385,7 @@ __global__ void __launch_bounds__(flash::Tile<MT>::NTHREADS, 1) kdtr_flash_verif
         const int col = cb + nt * 8 + 2 * tq;
         const float o0 = acc[mt][nt][2 * half] * inv, o1 = acc[mt][nt][2 * half + 1] * inv;
         if (direct) store2<OutT>(static_cast<OutT*>(p.out) + orow + col, o0, o1);
-        else store2<kdtr::PartOf<OutT>>(static_cast<kdtr::PartOf<OutT>*>(p.workspace) + orow + col, o0, o1);
+        else store2<float>(static_cast<float*>(p.workspace) + orow + col, o0, o1);
       }
       if (warp == 0 && tq == 0) {
         // lse in natural log; the planted merge bug drops the max from the partials' lse

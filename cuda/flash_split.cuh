@@ -6,10 +6,10 @@
 //   fp32 partial out [B, splits, R, 512], then fp32 partial lse [B, splits, R] (natural log,
 //   -inf for a split that saw no key of the row), then uint32 merge counters [B, row tiles, 2]
 //   (in-kernel merge only; zero before a launch, zero again after it); R = T * H rows per request.
-// Segments (flash-sm90 with a work table, kdtr/kernels/flash/schedule.py): each CTA walks the piece its table row
-// names; pieces of a cut job write fp32 partial out [slots, ROWS, 512] then lse [slots, ROWS] at their
-// slot (num_splits = slots), merged by kdtr_flash_combine_jobs<OutT, ROWS>; a job in one piece writes
-// out directly. A partial row index prow addresses both arrays: lse at prow, out at prow * 512.
+// Work table (flash-sm90, kdtr/kernels/flash/schedule.py): each CTA walks the piece its table row names;
+// pieces of a cut job write fp32 partial out [slots, ROWS, 512] then lse [slots, ROWS] at their slot
+// (num_splits = slots), merged by kdtr_flash_combine_jobs<OutT, ROWS>; a job in one piece writes out
+// directly. A partial row index prow addresses both arrays: lse at prow, out at prow * 512.
 // The merge runs as kdtr_flash_combine_rows<OutT, PARTS> (one warp per row or half row: many-row grids,
 // splits <= COMBINE_ROWS_MAX_SPLITS), as kdtr_flash_combine<OutT>, launched with grid (R, B, chunks <=
 // COMBINE_MAX_CHUNKS) and block 32 * COMBINE_WARPS (decode batches: up to hundreds of splits), as
@@ -18,6 +18,9 @@
 // on one-wave grids); kdtr/kernels/flash/plan.py decides. The merge kernels open with kdtr::pdl_wait(): on sm_90+
 // they are launched dependent on the main kernel (kdtr/kernels/pdl.py), which releases them at entry, so their
 // launch overlaps its tail.
+//
+// The including kernel source defines kdtr::COMBINE_BATCH before it includes this header: the partial rows
+// kdtr_flash_combine keeps in flight per warp (flash.cu 8, flash_sm90.cu 9; see there why).
 
 #pragma once
 
@@ -32,7 +35,7 @@ namespace kdtr {
 // prefix range [lo, hi), n_pre tiles of BN keys over it, and the tree tail when it is the last
 // split. Every split gets L = ceil((prefix tiles + tail tiles) / nsplit) tiles, the tail counted
 // as ceil(T / BN) tiles, so the last split walks fewer prefix tiles and does not finish a tail
-// behind the others (a one-wave grid waits for its slowest CTA; docs/PERF.md, session 5). The
+// behind the others (a one-wave grid waits for its slowest CTA). The
 // planted DROP_* bugs shorten the range here.
 struct SplitKeys {
   int lo, hi, n_pre;
@@ -60,7 +63,7 @@ __device__ __forceinline__ SplitKeys split_keys(int P, int T, int split, int nsp
   return range_keys<BN, BUG>(P, lo, split == nsplit - 1 ? P : min(P, lo + split_len), split == nsplit - 1);
 }
 
-// A segments CTA's work (flash-sm90, MERGE = 2): request b, row tile rt, its keys and where its rows
+// A work-table CTA's work (flash-sm90, MERGE_WORK_TABLE): request b, row tile rt, its keys and where its rows
 // go (direct: out and lse; else partial row prow0 + r of row r, the lse partials lse_off floats into
 // the workspace), from row blockIdx.x of the work table, ROWS rows a slot. Partial rows count below
 // 2^31 (their workspace would be 4 TB).
@@ -78,7 +81,7 @@ constexpr int WORK_INTS = 6;
 constexpr int JOB_INTS = 4;
 
 template <int BN, int BUG, int ROWS>
-__device__ __forceinline__ CtaWork segment_work(const KdtrParams& p, const int* work) {
+__device__ __forceinline__ CtaWork work_table_row(const KdtrParams& p, const int* work) {
   CtaWork c;
   const int* w = work + (long long)blockIdx.x * WORK_INTS;
   c.b = w[0];
@@ -121,7 +124,7 @@ constexpr int ROW_F4_PER_LANE = KDTR_DV / 4 / 32;  // kdtr::merge_row_warp: floa
 constexpr int COMBINE_RED_FLOATS = COMBINE_WARPS * 129 + COMBINE_WARPS;  // shared scratch of merge_row
 // kdtr::merge_chunk_narrow (kdtr_flash_combine_narrow's body): COLS columns a unit and WARPS warps a CTA
 // (template arguments that kdtr/kernels/flash/plan.py picks: 32 or 64, 4 or 8), a float4 per lane; NARROW_BATCH loads
-// a lane in flight make 288 splits one step at 32 columns and 8 warps (>= the 264 of two XR_ONLY CTAs on each
+// a lane in flight make 288 splits one step at 32 columns and 8 warps (>= the 264 of two all-transposed CTAs on each
 // of 132 SMs), 144 at 64 columns, half that at 4 warps (kdtr/kernels/flash/plan.py reads it from the config array).
 constexpr int NARROW_BATCH = 9;
 constexpr float NARROW_FLOOR = -3.0e38f;  // below any lse; (floor - lse) * LOG2E overflows to -inf
@@ -130,63 +133,24 @@ __host__ __device__ constexpr int narrow_red_floats(int cols, int warps) { retur
 // Partial rows in flight per warp in kdtr::merge_row. In-kernel merges run on one-wave grids: 8 warps
 // x 17 = 136 >= the splits of a 132-SM grid, all in one step. The combine kernel keeps 8-9: at 17 its
 // 256 threads needed more than 168 registers on sm_120 (spills).
-// KDTR_COMBINE_BATCH: the combine's batch, set by the including kernel source (flash_sm90.cu: 9) or 8.
-#ifndef KDTR_COMBINE_BATCH
-#define KDTR_COMBINE_BATCH 8
-#endif
-constexpr int MERGE_BATCH_IN_KERNEL = 17, MERGE_BATCH_COMBINE = KDTR_COMBINE_BATCH;
+constexpr int MERGE_BATCH_IN_KERNEL = 17, MERGE_BATCH_COMBINE = kdtr::COMBINE_BATCH;
 
 namespace kdtr {
 
-struct NoMark {  // no timing hook (flash_sm90.cu's -DKDTR_F90_PROFILE passes one)
-  __device__ void operator()(int) const {}
-};
-
-// The element type of the partial out rows a kernel with output type OutT writes: fp32, or with
-// -DKDTR_PARTIAL_AS_OUT (experiment) the output's own type (bf16 out: half the bytes written and merged).
-// The workspace layout keeps fp32 room either way (the lse and counters stay where they are).
-template <typename OutT, bool AS_OUT>
-struct PartialPick {
-  using type = float;
-};
-template <typename OutT>
-struct PartialPick<OutT, true> {
-  using type = OutT;
-};
-#ifdef KDTR_PARTIAL_AS_OUT
-constexpr bool PARTIAL_AS_OUT = true;
-#else
-constexpr bool PARTIAL_AS_OUT = false;
-#endif
-template <typename OutT>
-using PartOf = typename PartialPick<OutT, PARTIAL_AS_OUT>::type;
-
-// Values 4 i .. 4 i + 3 of a partial row starting at src, as a float4 (src 16-byte aligned for fp32, 8 for bf16);
-// indexed from the row's start, as the fp32 merges always read it (their code unchanged by the bf16 form).
+// Values 4 i .. 4 i + 3 of an fp32 partial row starting at src (16-byte aligned), as a float4.
 __device__ __forceinline__ float4 load_part4(const float* src, int i) { return reinterpret_cast<const float4*>(src)[i]; }
-__device__ __forceinline__ float4 load_part4(const __nv_bfloat16* src, int i) {
-  const uint2 u = reinterpret_cast<const uint2*>(src)[i];
-  const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.x));
-  const float2 c = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.y));
-  return make_float4(a.x, a.y, c.x, c.y);
-}
-// ... and stored there from a float4 (the inverse; bf16 rounds to nearest even, as the output does).
+// ... and stored there from a float4.
 __device__ __forceinline__ void store_part4(float* dst, int i, float4 v) { reinterpret_cast<float4*>(dst)[i] = v; }
-__device__ __forceinline__ void store_part4(__nv_bfloat16* dst, int i, float4 v) {
-  const __nv_bfloat162 a = __floats2bfloat162_rn(v.x, v.y), c = __floats2bfloat162_rn(v.z, v.w);
-  reinterpret_cast<uint2*>(dst)[i] = make_uint2(*reinterpret_cast<const unsigned*>(&a), *reinterpret_cast<const unsigned*>(&c));
-}
 
 // Output row `row` of request b as the workspace holds it split by split (layout above): what merge_row
 // and merge_chunk_narrow read.
-template <typename PartT>
 struct RowPartials {
-  const PartT* ws_o;  // partial out [B, S, R, 512] (the workspace's start)
+  const float* ws_o;  // partial out [B, S, R, 512] (the workspace's start)
   const float* lse_r;  // this row's partial lse, split s at lse_r[s * R]
   long long b;
   int R, S, row;
   __device__ __forceinline__ RowPartials(const KdtrParams& p, int b_, int row_)
-      : ws_o(static_cast<const PartT*>(p.workspace)), b(b_), R(p.T * p.H), S(p.num_splits), row(row_) {
+      : ws_o(static_cast<const float*>(p.workspace)), b(b_), R(p.T * p.H), S(p.num_splits), row(row_) {
     lse_r = static_cast<const float*>(p.workspace) + (long long)p.B * S * R * KDTR_DV + b * S * R + row;
   }
   __device__ __forceinline__ float lse(int s) const { return lse_r[(long long)s * R]; }
@@ -201,14 +165,13 @@ struct RowPartials {
 // the splits, BATCH partial rows in flight per warp; their sums meet in `red` (COMBINE_RED_FLOATS of
 // shared memory); `sync` is a barrier of those warps. In-kernel, other CTAs of the grid wrote the
 // partials: merge_in_kernel's acquire and barrier make them visible first. col0 == 0 writes lse.
-// `mark` is merge_in_kernel's timing hook (below).
-template <typename OutT, int NWARPS, int BATCH, typename Sync, typename Mark = NoMark>
+template <typename OutT, int NWARPS, int BATCH, typename Sync>
 __device__ __forceinline__ void merge_row(const KdtrParams& p, int row, int b, int col0, int cols, int warp, int lane,
-                                          float* red, Sync sync, Mark mark = {}) {
+                                          float* red, Sync sync) {
   const int R = p.T * p.H, S = p.num_splits;
   const int groups = cols / 128, group = warp % groups, warps_per_group = NWARPS / groups;
   float* mx = red + NWARPS * 129;  // red: [NWARPS][128 + 1] (+1: the warp's weight sum), then the warp maxima
-  const RowPartials<PartOf<OutT>> part(p, b, row);
+  const RowPartials part(p, b, row);
 
   const int c4 = (col0 + group * 128) / 4 + lane;  // this lane's float4 of a partial row
   // BATCH splits per warp and step, all their lse and row loads issued before any is used. An index
@@ -241,7 +204,6 @@ __device__ __forceinline__ void merge_row(const KdtrParams& p, int row, int b, i
   M = mx[0];
 #pragma unroll
   for (int w = 1; w < NWARPS; ++w) M = fmaxf(M, mx[w]);
-  mark(3);
 
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
   float wsum = 0.f;
@@ -253,14 +215,13 @@ __device__ __forceinline__ void merge_row(const KdtrParams& p, int row, int b, i
       wsum += w;
       acc.x += w * x[k].x;  // x is finite (see above), so a weight of 0 adds nothing; a `live ?` here
       acc.y += w * x[k].y;  // made the compiler sink each load to its use: one L2 trip per split in
-      acc.z += w * x[k].z;  // turn, ~5 us for 129 splits (SASS, docs/PERF.md session 9)
+      acc.z += w * x[k].z;  // turn, ~5 us for 129 splits (SASS)
       acc.w += w * x[k].w;
     }
     s0 += step;
     if (s0 >= S) break;
     load(s0);
   }
-  mark(4);
   float* mine = red + warp * 129;
   mine[4 * lane + 0] = acc.x;
   mine[4 * lane + 1] = acc.y;
@@ -301,7 +262,7 @@ __device__ __forceinline__ void merge_chunk_narrow(const KdtrParams& p, int row,
   constexpr int NARROW_LANES = COLS / 4, STRIDE = WARPS * 32 / NARROW_LANES;  // lanes a partial row, splits a load
   const int R = p.T * p.H, S = p.num_splits, q = lane % NARROW_LANES;
   const int slot = warp * (32 / NARROW_LANES) + lane / NARROW_LANES;  // this thread's first split
-  const RowPartials<PartOf<OutT>> part(p, b, row);
+  const RowPartials part(p, b, row);
   const int c4 = chunk * NARROW_LANES + q;  // this lane's float4 of a partial row
   float m = NARROW_FLOOR, wsum = 0.f;  // a finite floor, not -inf: 2^(-inf - m) is then 0, never NaN
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -373,13 +334,10 @@ __device__ __forceinline__ void merge_chunk_narrow(const KdtrParams& p, int row,
 // 128-column group) of rows [r0, r0 + nrows), unit u going to merger u % mergers. A merger waits
 // until every split has arrived: by then all but mergers - 1 CTAs of the row tile have finished
 // and freed their SMs, so waiting CTAs never hold the GPU for the whole kernel (first arrivals
-// waiting would; docs/PERF.md, session 5). The last merger to finish zeroes the two counters for
-// the next launch.
-// mark(k): the caller's timing hook after step k (0: ticket taken, 1: every split arrived, 2: rows merged;
-// merge_row: 3 max lse known, 4 partials summed)
-template <typename OutT, int NWARPS, typename Sync, typename Mark = NoMark>
+// waiting would). The last merger to finish zeroes the two counters for the next launch.
+template <typename OutT, int NWARPS, typename Sync>
 __device__ __forceinline__ void merge_in_kernel(const KdtrParams& p, int b, int rt, int r0, int nrows, int t,
-                                                float* red, int* ticket_s, Sync sync, Mark mark = {}) {
+                                                float* red, int* ticket_s, Sync sync) {
   constexpr int GROUPS = KDTR_DV / 128;  // 128-column units per row
   const int R = p.T * p.H, S = p.num_splits, units = nrows * GROUPS, mergers = min(S, units);
   const int row_tiles = gridDim.x;  // the caller's row tiles
@@ -389,7 +347,6 @@ __device__ __forceinline__ void merge_in_kernel(const KdtrParams& p, int b, int 
   sync();
   if (t == 0) *ticket_s = atomicAdd(ctr, 1u);
   sync();
-  mark(0);
   const int rank = *ticket_s - (S - mergers);
   if (rank < 0) return;  // an early arrival: the last `mergers` CTAs merge
   if (t == 0) {
@@ -401,10 +358,8 @@ __device__ __forceinline__ void merge_in_kernel(const KdtrParams& p, int b, int 
     }
   }
   sync();  // every split's partials are visible from here (their fence, then the acquire above)
-  mark(1);
   for (int u = rank; u < units; u += mergers)
-    merge_row<OutT, NWARPS, MERGE_BATCH_IN_KERNEL>(p, r0 + u / GROUPS, b, (u % GROUPS) * 128, 128, t >> 5, t & 31, red, sync, mark);
-  mark(2);
+    merge_row<OutT, NWARPS, MERGE_BATCH_IN_KERNEL>(p, r0 + u / GROUPS, b, (u % GROUPS) * 128, 128, t >> 5, t & 31, red, sync);
   if (t == 0 && atomicAdd(ctr + 1, 1u) == (unsigned)mergers - 1) {
     ctr[0] = 0u;  // every merger is past its wait: the counters start the next launch at zero
     ctr[1] = 0u;
@@ -419,7 +374,7 @@ __device__ __forceinline__ void merge_in_kernel(const KdtrParams& p, int b, int 
 // partials in flight; half a row (PER_LANE 2), twice as many in the same registers. lse_out: written if not
 // null. ANY_S: S may pass 32 (the chunk loop costs ~20 registers, so callers with S <= 32 leave it out).
 template <typename OutT, bool ANY_S, int PER_LANE, int BATCH, typename Prow>
-__device__ __forceinline__ void merge_row_warp(const PartOf<OutT>* ws_o, const float* ws_lse, Prow prow, int S, OutT* out,
+__device__ __forceinline__ void merge_row_warp(const float* ws_o, const float* ws_lse, Prow prow, int S, OutT* out,
                                                float* lse_out, int lane, int col0) {
   static_assert(PER_LANE * BATCH == ROW_F4_PER_LANE * COMBINE_ROWS_BATCH, "the loads in flight a lane: 16 float4");
   const float l0 = lane < S ? ws_lse[prow(lane)] : neg_inf();
@@ -438,7 +393,7 @@ __device__ __forceinline__ void merge_row_warp(const PartOf<OutT>* ws_o, const f
       float4 x[BATCH][PER_LANE];
 #pragma unroll
       for (int k = 0; k < BATCH; ++k) {  // an index past S reads partial S - 1 again, with weight 0
-        const PartOf<OutT>* src = ws_o + prow(min(c0 + s0 + k, S - 1)) * KDTR_DV + col0;
+        const float* src = ws_o + prow(min(c0 + s0 + k, S - 1)) * KDTR_DV + col0;
 #pragma unroll
         for (int j = 0; j < PER_LANE; ++j) x[k][j] = load_part4(src, lane + 32 * j);
       }
@@ -472,7 +427,7 @@ __device__ __forceinline__ void merge_row_warp(const PartOf<OutT>* ws_o, const f
 // One warp per output row (PARTS = 1) or half row (PARTS = 2, grid.z the half), COMBINE_WARPS rows per CTA,
 // grid (ceil(R / COMBINE_WARPS), B, PARTS), for splits <= COMBINE_ROWS_MAX_SPLITS (kdtr::merge_row_warp).
 // kdtr/kernels/flash/plan.py picks it where the rows alone fill the GPU (compute shapes), where kdtr_flash_combine's
-// one row per CTA waited on three dependent round trips per row (docs/PERF.md, session 6: 0.75 TB/s); halves
+// one row per CTA waited on three dependent round trips per row (0.75 TB/s measured); halves
 // where the splits pass COMBINE_ROWS_BATCH, so that they take half the round trips with twice the warps.
 template <typename OutT, int PARTS>
 __global__ void __launch_bounds__(32 * COMBINE_WARPS) kdtr_flash_combine_rows(const KdtrParams p) {
@@ -483,13 +438,13 @@ __global__ void __launch_bounds__(32 * COMBINE_WARPS) kdtr_flash_combine_rows(co
   if (row >= R) return;
   const float* ws = static_cast<const float*>(p.workspace);
   kdtr::merge_row_warp<OutT, false, ROW_F4_PER_LANE / PARTS, COMBINE_ROWS_BATCH * PARTS>(
-      static_cast<const kdtr::PartOf<OutT>*>(p.workspace), ws + (long long)p.B * S * R * KDTR_DV, [&](int s) { return ((long long)b * S + s) * R + row; }, S,
+      ws, ws + (long long)p.B * S * R * KDTR_DV, [&](int s) { return ((long long)b * S + s) * R + row; }, S,
       static_cast<OutT*>(p.out) + ((long long)b * R + row) * KDTR_DV,
       PARTS == 1 || blockIdx.z == 0 ? p.lse + (long long)b * R + row : nullptr, threadIdx.x & 31,
       PARTS == 1 ? 0 : blockIdx.z * (KDTR_DV / PARTS));
 }
 
-// Segments: the cut jobs' merge, one warp per row, grid (ROWS / COMBINE_WARPS, cut jobs); job row
+// The work table's cut jobs' merge, one warp per row, grid (ROWS / COMBINE_WARPS, cut jobs); job row
 // blockIdx.y of `jobs` (JOB_INTS each) names the request, its first row and its slots, ROWS rows a
 // slot (kdtr/kernels/flash/schedule.py; any number of slots).
 template <typename OutT, int ROWS>
@@ -501,15 +456,15 @@ __global__ void __launch_bounds__(32 * COMBINE_WARPS) kdtr_flash_combine_jobs(co
   if (rl >= ROWS || row >= R) return;
   const float* ws = static_cast<const float*>(p.workspace);
   kdtr::merge_row_warp<OutT, true, ROW_F4_PER_LANE, COMBINE_ROWS_BATCH>(
-      static_cast<const kdtr::PartOf<OutT>*>(p.workspace), ws + (long long)p.num_splits * ROWS * KDTR_DV, [&](int s) { return (long long)(slot0 + s) * ROWS + rl; }, S,
+      ws, ws + (long long)p.num_splits * ROWS * KDTR_DV, [&](int s) { return (long long)(slot0 + s) * ROWS + rl; }, S,
       static_cast<OutT*>(p.out) + ((long long)b * R + row) * KDTR_DV, p.lse + (long long)b * R + row, threadIdx.x & 31, 0);
 }
 
 // One CTA of WARPS warps per (row, request, COLS-column chunk), grid (R, B, 512 / COLS): kdtr::merge_chunk_narrow,
 // for decode grids of few rows, where kdtr_flash_combine's CTAs, one per row and 128 columns, read their
 // splits in steps of 72 partial rows, an L2 round trip each, with the lse maximum a trip of its own (~6 us
-// after XR_ONLY's 241 splits); 32 columns for 8 rows, 64 on more; 4 warps where they take every split in one
-// step, so that twice the CTAs are resident and a grid of up to ~80 rows is one wave (docs/PERF.md, sessions 15-17).
+// after the all-transposed build's 241 splits); 32 columns for 8 rows, 64 on more; 4 warps where they take every split in one
+// step, so that twice the CTAs are resident and a grid of up to ~80 rows is one wave (docs/PERF.md ledger).
 template <typename OutT, int COLS, int WARPS>
 __global__ void __maxnreg__(128) kdtr_flash_combine_narrow(const KdtrParams p) {  // 32 * WARPS threads
   __shared__ float red[narrow_red_floats(COLS, WARPS)];
@@ -522,7 +477,7 @@ __global__ void __maxnreg__(128) kdtr_flash_combine_narrow(const KdtrParams p) {
 // batches (few rows) run 4 chunks so the merge streams on more SMs; large batches one, which keeps
 // the CTA count (and its fixed cost) down (kdtr/kernels/flash/plan.py picks). Chunk 0 writes lse.
 // __maxnreg__, not __launch_bounds__(256): under those bounds ptxas gave it 32 registers and issued
-// each split's loads after the previous split's use (docs/PERF.md, session 9; tests/test_compile.py).
+// each split's loads after the previous split's use (tests/kernels/test_compile.py).
 template <typename OutT>
 __global__ void __maxnreg__(128) kdtr_flash_combine(const KdtrParams p) {  // 256 threads (COMBINE_WARPS)
   __shared__ float red[COMBINE_RED_FLOATS];

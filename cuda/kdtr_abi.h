@@ -3,7 +3,7 @@
 // Every kernel kdtr launches (the built-in naive and flash kernels, and user kernels given as
 // `path/to/file.cu:symbol`) is a __global__ function taking ONE argument, `const KdtrParams p`,
 // by value. kdtr/kernels/contract.py mirrors this struct as a numpy structured dtype (same field order, C
-// alignment); tests/test_abi.py parses this file and keeps the two, the dimensions below and the
+// alignment); tests/kernels/test_contract.py parses this file and keeps the two, the dimensions below and the
 // KdtrBug list equal to kdtr/inputs/presets.py and kdtr/kernels/bugs.py.
 //
 // Plain C types only (void*, int, unsigned, float): NVRTC compiles this without system headers.

@@ -26,7 +26,7 @@
 // geometry in kdtr_launch below, the same contract as a user kernel (see kdtr_abi.h):
 //   kdtr verify -k naive ci                     the correct kernel on the committed goldens
 //   kdtr verify -k naive-bug=no-rope ci         a planted bug (must FAIL)
-//   pytest -m gpu tests/test_gpu_naive.py       GPU tests against a float64 reference
+//   pytest -m gpu tests/kernels/test_gpu_naive.py      GPU tests against a float64 reference
 // Instantiations: kdtr_naive_verify<KvT, OutT, BUG>, KvT and OutT in {float, __nv_bfloat16},
 // BUG a KdtrBug value (kdtr/kernels/registry.py's compile_targets() lists all of them).
 

@@ -67,7 +67,7 @@ def time_launcher(fn, *, flush_bytes: int = 0, flush_mode: str = FLUSH_MODE, war
     repetition starts with a cold and clean L2. "write" overwrites it instead, as
     triton.testing.do_bench does; that leaves the L2 full of dirty lines whose write-back the timed
     kernel then pays: a bare 38 MB read takes 16.1 us after it and 12.4 us after a read flush on
-    the H200 (docs/PERF.md, session 4). Then a one-thread kernel holds the GPU for longer than
+    the H200 (docs/PERF.md ledger, flush-read). Then a one-thread kernel holds the GPU for longer than
     the host needs to enqueue ``fn`` (hold_ns, from the warm-up), so a launch-bound ``fn`` (torch
     eager issues dozens of small kernels per call) is timed by its device work, not by Python.
     Repetitions go on until the IQR is under ``noise`` of the median (after min_reps) or the time

@@ -22,12 +22,10 @@ runs in CI without a GPU and shows realistic bf16 error. Steps, and what each mi
    the bf16 rounding of P happens exactly where the GPU does it: relative to the running max.
 5. Split epilogue: o_s = acc / l, lse_s = m + log l (fp32), as a partial-result buffer.
 6. Combine kernel: M = max lse_s, w_s = exp(lse_s - M), out = sum w_s o_s / sum w_s,
-   lse = M + log sum w_s, all fp32. With ``partials="bf16"`` each o_s is rounded to bf16 first, as
-   flash-sm90 stores its split partials in the output's type when that is bf16 (half the bytes of
-   the partials' round trip); the lse_s stay fp32.
+   lse = M + log sum w_s, all fp32 (the partials o_s travel as fp32, as every kdtr kernel stores them).
 7. Store: out rounded to the output dtype (bf16 round-to-nearest-even), lse fp32.
 
-Planted bugs (kdtr.bugs) are variants of these steps, implemented exactly as defined there.
+Planted bugs (kdtr/kernels/bugs.py) are variants of these steps, implemented exactly as defined there.
 """
 
 from __future__ import annotations
@@ -90,24 +88,7 @@ def _keys(p: Problem, b: int, n: int, off_by_one: bool) -> np.ndarray:
     return p.kv_cache.reshape(-1, DK)[page * pg + j % pg].astype(_F32)
 
 
-def _running_max(tile_max: np.ndarray, rescale_tau: float) -> np.ndarray:
-    """[R, nt] the running max each tile's P is taken against. rescale_tau > 0 (log2 units, as flash-sm90's
-    KDTR_F90_RESCALE_TAU experiment): the max moves only when a tile's exceeds it by more than tau, so O is rescaled
-    rarely, but the row's largest P is no longer exactly 1 and its bf16 rounding reaches out (docs/PERF.md,
-    session 21)."""
-    if rescale_tau <= 0:
-        return np.maximum.accumulate(tile_max, axis=1)
-    tau = _F32(rescale_tau * np.log(2.0))
-    m = np.full(tile_max.shape[0], -np.inf, _F32)
-    out = np.empty_like(tile_max)
-    for t in range(tile_max.shape[1]):
-        cand = np.maximum(m, tile_max[:, t])
-        m = np.where(cand > m + tau, cand, m)
-        out[:, t] = m
-    return out
-
-
-def _partial(q, k, v, scale, vis, tile, rescale_tau: float = 0.0):
+def _partial(q, k, v, scale, vis, tile):
     """One split's flash loop: (acc [R, 512], m [R], l [R]) in fp32.
 
     q [R, d] and k [n, d] fp32 holding bf16 values, v [n, 512]; vis [R, n] bool or None (all seen).
@@ -124,7 +105,7 @@ def _partial(q, k, v, scale, vis, tile, rescale_tau: float = 0.0):
         np.copyto(s[:, :n], _F32(-np.inf), where=~vis)
     s[:, n:] = -np.inf
     s3 = s.reshape(R, nt, tile)  # [R, nt, tile]
-    m_run = _running_max(s3.max(axis=2), rescale_tau)  # [R, nt] running max after each tile
+    m_run = np.maximum.accumulate(s3.max(axis=2), axis=1)  # [R, nt] running max after each tile
     dead = np.isneginf(m_run)  # no visible key yet: subtract 0, as the -inf guard of FA kernels
     m_sub = np.where(dead, _F32(0), m_run)
     s3 -= m_sub[:, :, None]
@@ -138,8 +119,8 @@ def _partial(q, k, v, scale, vis, tile, rescale_tau: float = 0.0):
     return acc, m_run[:, -1], l
 
 
-def _combine(parts, wrong_max: bool, partials: str = "fp32"):
-    """Merge split partials by LSE: out [R, 512], lse [R] (fp32); o_s stored as ``partials`` in between."""
+def _combine(parts, wrong_max: bool):
+    """Merge split partials by LSE: out [R, 512], lse [R] (fp32)."""
     acc = [a for a, _, _ in parts]
     m = np.stack([x for _, x, _ in parts])  # [S, R]
     l = np.stack([x for _, _, x in parts])  # [S, R]
@@ -153,15 +134,12 @@ def _combine(parts, wrong_max: bool, partials: str = "fp32"):
     M = lse_s.max(axis=0)  # [R]
     w = np.exp(lse_s - M)  # [S, R]
     o = [acc[s] / l1[s, :, None] for s in range(len(acc))]  # [R, 512] each
-    if partials != "fp32" and len(o) > 1:  # stored in between (one split writes out directly)
-        o = [round_to(x, partials) for x in o]
     out = sum(w[s, :, None] * o[s] for s in range(len(acc)))
     wsum = w.sum(axis=0)
     return out / wsum[:, None], M + np.log(wsum)
 
 
-def emulate_request(p: Problem, b: int, bug: Bug, tile: int, split_len: int | None, rescale_tau: float = 0.0,
-                    partials: str = "fp32"):
+def emulate_request(p: Problem, b: int, bug: Bug, tile: int, split_len: int | None):
     """out [T, H, 512] and lse [T, H] (fp32, out not yet rounded) of request b."""
     T, H = p.T, p.H
     R = T * H
@@ -182,7 +160,7 @@ def emulate_request(p: Problem, b: int, bug: Bug, tile: int, split_len: int | No
     for s0, s1 in split_bounds(P, sl, tile):
         s1 = min(s1, p_end)
         if s1 > s0:
-            parts.append(_partial(qd, kd[s0:s1], v[s0:s1], scale, None, tile, rescale_tau))
+            parts.append(_partial(qd, kd[s0:s1], v[s0:s1], scale, None, tile))
 
     vis = unpack_mask(p.tree_mask[b], T)  # [T, T] node r sees tail key c
     if bug is Bug.SIBLING_VISIBLE and T > 1:
@@ -193,9 +171,9 @@ def emulate_request(p: Problem, b: int, bug: Bug, tile: int, split_len: int | No
         tail = [(0, (T + 1) // 2), ((T + 1) // 2, T)]  # one split only: plant a 2-way split
     for c0, c1 in tail:
         sel = slice(P + c0, P + c1)
-        parts.append(_partial(qd, kd[sel], v[sel], scale, vis[:, c0:c1], tile, rescale_tau))
+        parts.append(_partial(qd, kd[sel], v[sel], scale, vis[:, c0:c1], tile))
 
-    out, lse = _combine(parts, bug is Bug.MERGE_WRONG_MAX, partials)
+    out, lse = _combine(parts, bug is Bug.MERGE_WRONG_MAX)
     return out.reshape(T, H, DV), lse.reshape(T, H)
 
 
@@ -206,15 +184,11 @@ def emulate_flash(
     *,
     tile: int = bugs.TILE,
     split_len: int | None = None,
-    rescale_tau: float = 0.0,
-    partials: str = "fp32",
 ) -> tuple[np.ndarray, np.ndarray]:
     """out [B, T, H, 512] float32 (values of out_dtype) and lse [B, T, H] float32.
 
     bf16 storage only (ValueError otherwise). split_len: prefix keys per split, a multiple of
-    tile; None picks default_split_len(P_b) per request. bug: a planted bug (kdtr.bugs). rescale_tau: the
-    running max kept within tau (log2 units; 0, the default, is the exact max every shipped kernel keeps).
-    partials: the split partials' storage type, "fp32" or "bf16" (step 6).
+    tile; None picks default_split_len(P_b) per request. bug: a planted bug (kdtr/kernels/bugs.py).
     """
     if out_dtype not in OUT_DTYPES:
         raise ValueError(f"out_dtype must be one of {OUT_DTYPES}, got {out_dtype!r}")
@@ -222,13 +196,11 @@ def emulate_flash(
     if problem.kv_dtype != "bf16":
         raise ValueError(f"emulate-flash takes bf16 storage only, got {problem.kv_dtype}")
     bug = Bug(bug)
-    if partials not in OUT_DTYPES:
-        raise ValueError(f"partials must be one of {OUT_DTYPES}, got {partials!r}")
     if split_len is not None:
         split_bounds(0, split_len, tile)  # validate once
     out = np.empty(problem.out_shape(), dtype=_F32)  # [B, T, H, 512]
     lse = np.empty((problem.B, problem.T, problem.H), dtype=_F32)  # [B, T, H]
     with np.errstate(invalid="ignore"):  # NaN read by PAGE_OFF_BY_ONE propagates as on a GPU
         for b in range(problem.B):
-            out[b], lse[b] = emulate_request(problem, b, bug, tile, split_len, rescale_tau, partials)
+            out[b], lse[b] = emulate_request(problem, b, bug, tile, split_len)
     return round_to(out, out_dtype), lse

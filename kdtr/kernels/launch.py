@@ -1,13 +1,12 @@
 """Running kernels on a GPU: the only kdtr module that imports cupy.
 
 Importing it never needs cupy; calling a GPU function without one raises ``GpuUnavailable``
-with a one-line reason. CUDA kernels are compiled by ``kdtr.nvrtc`` for the device's arch and
+with a one-line reason. CUDA kernels are compiled by kdtr/kernels/nvrtc.py for the device's arch and
 loaded from the cached cubin; Python callables get cupy arrays (or torch tensors).
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -16,8 +15,8 @@ import numpy as np
 
 from kdtr.kernels import contract as abi, nvrtc
 from kdtr.kernels.contract import POISON_BF16_BITS, POISON_F32_BITS
-from kdtr.kernels.launch_types import (  # re-exported: kdtr.launch stays the one import for callers
-    CTYPES, DEFAULT_LAUNCH, KernelRuntimeError, Launch, RunOutput, bf16_bits_to_f32, storage_bits,
+from kdtr.kernels.launch_types import (  # re-exported: kdtr.kernels.launch stays the one import for callers
+    CTYPES, DEFAULT_LAUNCH, KernelRuntimeError, Launch, RunOutput, Step, bf16_bits_to_f32, storage_bits,
     launch_from_constants,
 )
 
@@ -223,15 +222,14 @@ def synchronize(cp, what: str) -> None:
         raise KernelRuntimeError(f"{what}: {e}") from e
 
 
-def make_launcher(dp: DeviceProblem, steps, workspace_bytes: int = 0, num_splits: int = 1):
-    """A zero-argument callable that enqueues ``steps`` [(Loaded, grid, block, smem_bytes[, extra args])]
-    with one KdtrParams (plus a step's extra by-value arguments, e.g. flash-sm90's tensor map) and one
-    zero-filled workspace; no poison, no sync (what bench times)."""
+def make_launcher(dp: DeviceProblem, steps: list[Step], workspace_bytes: int = 0, num_splits: int = 1):
+    """A zero-argument callable that enqueues ``steps`` in order, each with one KdtrParams (then the step's
+    own arguments, e.g. flash-sm90's tensor map) and one zero-filled workspace; no poison, no sync (what
+    bench times)."""
     cp = cupy_module()
     ws = cp.zeros(workspace_bytes, cp.uint8) if workspace_bytes else None
     arg = abi.as_kernel_arg(dp.params(ws.data.ptr if ws is not None else 0, num_splits))
-    launches = [(loaded, tuple(grid), tuple(block), smem, (arg, *(extra[0] if extra else ())))
-                for loaded, grid, block, smem, *extra in steps]
+    launches = [(s.loaded, tuple(s.grid), tuple(s.block), s.smem, (arg, *s.args)) for s in steps]
     for loaded, _, _, smem, _ in launches:
         if smem > _STATIC_SMEM_LIMIT:
             loaded.function.max_dynamic_shared_size_bytes = smem
@@ -249,10 +247,8 @@ def make_launcher(dp: DeviceProblem, steps, workspace_bytes: int = 0, num_splits
 
 
 def pdl_enabled() -> bool:
-    """Dependent launches (kdtr/kernels/pdl.py) where the device has them (sm_90+), unless KDTR_PDL=0."""
-    from kdtr.kernels.knobs import pdl_knob
-
-    return pdl_knob(os.environ.get("KDTR_PDL", "")) and int(device_info()["cc"][3:]) >= 90
+    """Dependent launches (kdtr/kernels/pdl.py) where the device has them (sm_90+)."""
+    return int(device_info()["cc"][3:]) >= 90
 
 
 def _plain_call(loaded, grid, block, smem, args):
@@ -312,11 +308,11 @@ class CudaKernel:
     def run(self, problem, out_dtype: str) -> RunOutput:
         return self.run_on(DeviceProblem(problem, out_dtype))
 
-    def steps(self, dp: DeviceProblem):
-        """([(Loaded, grid, block, smem)], workspace_bytes, num_splits) for dp's shape."""
+    def steps(self, dp: DeviceProblem) -> tuple[list[Step], int, int]:
+        """([Step], workspace_bytes, num_splits) for dp's shape."""
         loaded = self.load(dp.problem.kv_dtype, dp.out_dtype)
         g = self.geometry(dp.problem) if self.geometry else launch_from_constants(dp.problem, loaded.consts)
-        return [(loaded, g.grid, g.block, g.smem_bytes)], g.workspace_bytes, g.num_splits
+        return [Step(loaded, g.grid, g.block, g.smem_bytes)], g.workspace_bytes, g.num_splits
 
     def run_on(self, dp: DeviceProblem) -> RunOutput:
         """Poison, launch once, synchronize, download (inputs already on the GPU)."""
@@ -329,6 +325,6 @@ class CudaKernel:
 
 __all__ = [
     "CTYPES", "CudaKernel", "DeviceProblem", "GpuUnavailable", "KernelRuntimeError", "Launch", "Loaded",
-    "RunOutput", "device_arch", "device_info", "gpu_available", "gpu_unavailable_reason",
+    "RunOutput", "Step", "device_arch", "device_info", "gpu_available", "gpu_unavailable_reason",
     "device_ints", "launch_from_constants", "launch_kernels", "make_launcher", "load_function", "read_global_ints",
 ]

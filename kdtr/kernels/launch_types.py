@@ -1,6 +1,6 @@
 """What a launch is and what it gives back: geometry, outputs, storage bits. No GPU needed.
 
-Split from ``kdtr.launch`` (the layer that talks to cupy), so that the launch contract of
+Split from kdtr/kernels/launch.py (the layer that talks to cupy), so that the launch contract of
 kdtr_abi.h and the bf16 bit conversions are plain numpy and testable anywhere.
 """
 
@@ -35,6 +35,24 @@ class Launch:
     """Zero-filled scratch handed to the kernel as p.workspace (0: null)."""
     num_splits: int = 1
     """p.num_splits: the split-KV partitions the workspace holds."""
+
+
+@dataclass(frozen=True)
+class Step:
+    """One kernel launch of a run: kdtr/kernels/launch.py's make_launcher enqueues a kernel's steps in order,
+    each with the run's one KdtrParams first."""
+
+    loaded: object
+    """The compiled, loaded kernel (kdtr/kernels/launch.py's Loaded; not imported here, which would make an import
+    cycle); its ``dependent`` flag asks for a dependent launch."""
+    grid: tuple[int, int, int]
+    """CTAs along x, y, z."""
+    block: tuple[int, int, int]
+    """Threads per CTA along x, y, z."""
+    smem: int = 0
+    """Dynamic shared memory per CTA, bytes."""
+    args: tuple = ()
+    """Arguments after KdtrParams, by value or device arrays (e.g. flash-sm90's tensor map and work table)."""
 
 
 def launch_from_constants(problem, consts) -> Launch:

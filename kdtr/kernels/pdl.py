@@ -3,12 +3,11 @@
 A launch marked dependent may be scheduled before the previous kernel of its stream has finished,
 once that kernel's CTAs have all run ``griddepcontrol.launch_dependents`` (cuda/kdtr_common.cuh); the
 dependent kernel's first statement, ``griddepcontrol.wait``, then holds it until the previous grid
-is done and its writes are visible. What it saves is the gap between the two launches (docs/PERF.md,
-session 10). Only kernels that open with that wait may be launched so (kdtr/kernels/flash/kernel.py marks them), with
-one exception: flash-sm90's tail launch shares no data with the grid before it, so it runs beside it
-and waits only before it exits (tests/test_pdl.py checks both forms).
+is done and its writes are visible. What it saves is the gap between the two launches (docs/PERF.md
+ledger). Only kernels that open with that wait may be launched so (kdtr/kernels/flash/kernel.py marks
+them; tests/kernels/test_pdl.py checks that each does).
 
-The structures follow cuda.h (CUDA 12+): tests/test_pdl.py checks their layout on any machine.
+The structures follow cuda.h (CUDA 12+): tests/kernels/test_pdl.py checks their layout on any machine.
 """
 
 from __future__ import annotations

@@ -2,13 +2,14 @@
 
 A kernel spec is one of
   * a built-in name: ``naive``, ``emulate-flash``, ``flash`` (mma.sync: sm_80, sm_90, sm_120),
-    ``flash-sm90`` (wgmma: sm_90 GPUs only), or ``<name>-bug=<slug>`` for each planted bug of kdtr/kernels/bugs.py (the name doubles as the test
-    id and the table label);
+    ``flash-sm90`` (wgmma: sm_90 GPUs only), or ``<name>-bug=<slug>`` for each planted bug of
+    kdtr/kernels/bugs.py (the name doubles as the test id and the table label); a flash kernel may end
+    in a plan suffix, ``flash-sm90[xr=1,splits=4]`` (kdtr/kernels/flash/force.py);
   * ``path/to/file.cu:symbol``: a CUDA kernel taking ``const KdtrParams`` (contract in
     cuda/kdtr_abi.h; ``{kv}`` / ``{out}`` in the symbol pick the dtypes);
-  * ``package.module:callable``: a Python callable on cupy arrays or torch tensors, or on numpy
-    arrays without a GPU when it has ``kdtr_device = "cpu"`` (kdtr/kernels/python.py
-    documents the signature).
+  * ``package.module:callable`` or ``path/to/file.py:callable``: a Python callable on cupy arrays
+    or torch tensors, or on numpy arrays without a GPU when it has ``kdtr_device = "cpu"``
+    (kdtr/kernels/python.py documents the signature).
 """
 
 from __future__ import annotations
@@ -21,11 +22,12 @@ from typing import Callable, Protocol, runtime_checkable
 
 import numpy as np
 
-from kdtr.kernels.flash import kernel as flash, plan as flash_plan
-from kdtr.kernels.bugs import Bug
 from kdtr.errors import KernelSpecError
 from kdtr.kernels import python
+from kdtr.kernels.bugs import Bug
 from kdtr.kernels.caps import Caps
+from kdtr.kernels.flash import combine, kernel as flash
+from kdtr.kernels.flash.force import Force, Merge, RowLayout, parse_force, split_suffix
 from kdtr.kernels.launch import CTYPES, CudaKernel, RunOutput
 from kdtr.kernels.nvrtc import CUDA_DIR
 from kdtr.inputs.presets import DTYPES
@@ -43,7 +45,7 @@ class Kernel(Protocol):
 
 
 class EmulateKernel:
-    """The CPU flash emulation (kdtr.emulate): the bf16 tiled algorithm in numpy, GPU-free for CI."""
+    """The CPU flash emulation (kdtr/kernels/emulate.py): the bf16 tiled algorithm in numpy, GPU-free for CI."""
 
     writes_lse = True
     CAPS = Caps(kv_dtypes=("bf16",), needs_gpu=False)
@@ -70,22 +72,17 @@ NAIVE_TEMPLATE = "kdtr_naive_verify<{kv}, {out}, {bug}>"
 # and two launches in kdtr/kernels/flash/kernel.py (FlashKernel, one FlashVariant each).
 FLASH_CAPS = Caps(kv_dtypes=("bf16",), max_T=1280)
 """bf16 storage only (tensor cores); any page size; T up to the kernel's MAX_T (a test keeps them equal)."""
-FLASH90_CAPS = Caps(kv_dtypes=("bf16",), max_T=1280, archs=("sm_90",))
+FLASH_SM90_CAPS = Caps(kv_dtypes=("bf16",), max_T=1280, archs=("sm_90",))
 """As FLASH_CAPS, on Hopper only: wgmma exists on sm_90a alone."""
-FLASH_VARIANTS = {"flash": (flash.MMA, FLASH_CAPS), "flash-sm90": (flash.SM90, FLASH90_CAPS)}
+FLASH_VARIANTS = {v.label: (v, caps) for v, caps in ((flash.FLASH, FLASH_CAPS), (flash.FLASH_SM90, FLASH_SM90_CAPS))}
 """Base name -> (FlashVariant, Caps)."""
 ALL_ARCHS = ("sm_80", "sm_90", "sm_120")
 """What CI compiles the portable kernels for (no GPU needed); an arch-specific one (variant.arch) for its own."""
 
 
-def _flash(name: str, base: str, bug: Bug) -> Kernel:
+def _flash(name: str, base: str, bug: Bug, force: Force = Force()) -> Kernel:
     variant, caps = FLASH_VARIANTS[base]
-    return flash.FlashKernel(name, caps, bug, variant)
-
-
-def flash90_build(label: str, options: str = "") -> Kernel:
-    """flash-sm90 compiled with extra NVRTC options, e.g. its -D experiment knobs (scripts/sm90_ablate.py)."""
-    return flash.FlashKernel(label, FLASH90_CAPS, Bug.NONE, flash.SM90, tuple(options.split()))
+    return flash.FlashKernel(name + force.suffix(), caps, bug, variant, force)
 
 
 BASES = ("naive", "emulate-flash", "flash", "flash-sm90")
@@ -120,19 +117,19 @@ def compile_targets(bugs=tuple(Bug)) -> list[tuple[Path, list[str], tuple[str, .
     naive = [NAIVE_TEMPLATE.format(kv=CTYPES[kv], out=CTYPES[o], bug=int(b)) for kv in DTYPES for o in DTYPES for b in bugs]
     targets = [(NAIVE_SOURCE, naive, ALL_ARCHS)]
     for variant, _ in FLASH_VARIANTS.values():
-        merges = (0, 1) if variant.merges_in_kernel else (0,)
-        merges += (2,) if variant.tile_ns else ()  # segments: the work table (kdtr/kernels/flash/schedule.py)
-        xrs = (0, variant.extra_rows, flash_plan.XR_ONLY) if variant.extra_rows else (0,)
-        exprs = [variant.main.format(mt=mt, out=CTYPES[o], bug=int(b), merge=m, xr=x)
+        merges = (Merge.COMBINE, Merge.IN_KERNEL) if variant.merges_in_kernel else (Merge.COMBINE,)
+        merges += (Merge.WORK_TABLE,) if variant.tile_ns else ()  # kdtr/kernels/flash/schedule.py
+        xrs = (RowLayout.TILES, RowLayout.EXTRA, RowLayout.TRANSPOSED) if variant.extra_rows else (RowLayout.TILES,)
+        exprs = [variant.main.format(mt=mt, out=CTYPES[o], bug=int(b), merge=int(m), xr=int(x))
                  for mt in variant.mts for o in DTYPES for b in bugs for m in merges for x in xrs
-                 if not (m and x)]  # transposed rows never merge in-kernel (kdtr/kernels/flash/plan.py)
-        combine = [flash_plan.COMBINE.format(out=CTYPES[o]) for o in DTYPES]
-        combine += [flash_plan.COMBINE_ROWS.format(out=CTYPES[o], parts=n) for o in DTYPES for n in flash_plan.ROWS_PARTS]
-        combine += [flash_plan.COMBINE_NARROW.format(out=CTYPES[o], cols=c, warps=w)
-                    for o in DTYPES for c in flash_plan.NARROW_COLS for w in flash_plan.NARROW_WARPS]
-        if variant.tile_ns:  # takes segments: their merge too
-            combine += [flash_plan.COMBINE_JOBS.format(out=CTYPES[o], rows=16 * mt) for o in DTYPES for mt in variant.mts]
-        targets.append((variant.source, exprs + combine, (variant.arch,) if variant.arch else ALL_ARCHS))
+                 if m is Merge.COMBINE or x is RowLayout.TILES]  # transposed rows merge by a combine launch
+        merge = [combine.COMBINE.format(out=CTYPES[o]) for o in DTYPES]
+        merge += [combine.COMBINE_ROWS.format(out=CTYPES[o], parts=n) for o in DTYPES for n in combine.ROWS_PARTS]
+        merge += [combine.COMBINE_NARROW.format(out=CTYPES[o], cols=c, warps=w)
+                  for o in DTYPES for c in combine.NARROW_COLS for w in combine.NARROW_WARPS]
+        if variant.tile_ns:  # takes a work table: its cut jobs' merge too
+            merge += [combine.COMBINE_JOBS.format(out=CTYPES[o], rows=16 * mt) for o in DTYPES for mt in variant.mts]
+        targets.append((variant.source, exprs + merge, (variant.arch,) if variant.arch else ALL_ARCHS))
     return targets
 
 
@@ -147,6 +144,9 @@ def resolve_kernel(spec: str) -> Kernel:
     reg = _registry()
     if spec in reg:
         return reg[spec]()
+    head, body = split_suffix(spec)
+    if body is not None and re.fullmatch(r"[\w-]+(?:-bug=[\w-]+)?", head):
+        return _forced(spec, head, body, reg)
     if m := re.fullmatch(r"(?P<base>[\w-]+?)-bug=(?P<bug>.+)", spec):
         if m["base"] in BASES and variant_name(m["base"], Bug.NONE) in reg:
             try:
@@ -162,16 +162,33 @@ def resolve_kernel(spec: str) -> Kernel:
         return CudaKernel(spec, path, symbol, None, Bug.NONE, Caps())
     if python.PY_SPEC.fullmatch(spec):
         return python.python_kernel(spec)
+    raise _unknown(spec, reg)
+
+
+def _unknown(spec: str, reg) -> KernelSpecError:
     hint = difflib.get_close_matches(spec, reg, n=1)
     bases = [b for b in BASES if b in reg]
-    raise KernelSpecError(
+    return KernelSpecError(
         f"unknown kernel {spec!r}" + (f" (did you mean {hint[0]!r}?)" if hint else "")
         + f"; known: {', '.join(bases)}, each also as NAME-bug=BUG with BUG one of "
-        + f"{', '.join(b.slug for b in Bug if b is not Bug.NONE)}; or FILE.cu:SYMBOL, or MODULE:CALLABLE"
+        + f"{', '.join(b.slug for b in Bug if b is not Bug.NONE)}; or FILE.cu:SYMBOL, MODULE:CALLABLE or FILE.py:CALLABLE"
     )
 
 
+def _forced(spec: str, head: str, body: str, reg) -> Kernel:
+    """A flash kernel with a plan suffix: ``head`` a built-in name, ``body`` the KEY=VALUE list between the brackets."""
+    if head not in reg:
+        kernel = resolve_kernel(head)  # a bad bug name or an unknown kernel says so itself
+        head = kernel.name
+    base = next((b for b in FLASH_VARIANTS if head == b or head.startswith(f"{b}-bug=")), None)
+    if base is None:
+        raise KernelSpecError(f"{spec}: a plan suffix [...] applies to the flash kernels only "
+                              f"({', '.join(FLASH_VARIANTS)}, and their -bug= variants)")
+    bug = Bug.parse(head[len(base) + len("-bug="):]) if head != base else Bug.NONE
+    return _flash(head, base, bug, parse_force(spec, body, FLASH_VARIANTS[base][0]))
+
+
 __all__ = [
-    "BASES", "Caps", "EmulateKernel", "Kernel", "KernelSpecError", "builtin_names", "compile_targets",
+    "BASES", "Caps", "EmulateKernel", "Force", "Kernel", "KernelSpecError", "builtin_names", "compile_targets",
     "resolve_kernel", "variant_name",
 ]

@@ -3,7 +3,7 @@ leaves this process's CUDA context usable; compute-sanitizer finds a planted out
 and nothing in the built-in kernels.
 
 The faulty kernels are tests/cuda/*.cu (kdtr_abi.h contract). The CPU-side checks of the same
-machinery (signals, exit codes, timeouts, the sanitizer plumbing) are in tests/test_isolate.py.
+machinery (signals, exit codes, timeouts, the sanitizer plumbing) are in tests/check/test_isolate.py.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ SANITIZE_BUNDLES = [GOLDENS / "kimi-h4-p0.100-chain16-pg64-bf16-s0.kdtr", GOLDEN
                     GOLDENS / "kimi-h8-p0.1.33.64.65.300-root-pg64-bf16-s0.kdtr",
                     GOLDENS / "kimi-h2-p31.130-ddtree3u-pg64-bf16-s0.kdtr"]
 """Five small bf16 ci goldens (flash takes bf16 only): page sizes 64 and 1, a chain, a star, DDTrees, and
-two of 8 rows (flash-sm90 runs them as XR_ONLY, every row transposed, merged by the narrow combine)."""
+two of 8 rows (flash-sm90 runs them with every row transposed, merged by the narrow combine)."""
 
 
 def verify(tmp_path, *args):
@@ -100,17 +100,17 @@ def test_builtin_kernels_are_clean_under_the_sanitizer(tmp_path, kernel, tool):
     assert code == 0 and rep["counts"] == {"PASS": len(SANITIZE_BUNDLES)}, (describe(rep), out)
 
 
-SM90_HANDOFFS = ("alpha_s[", "stats[", "P_x hand-off")
+FLASH_SM90_HANDOFFS = ("alpha_s[", "stats[", "P_x hand-off")
 """flash-sm90's producer -> consumer hand-offs through shared memory that racecheck reports although
 named barriers order them: the rescale factors (written after "tile landed", read after "P full"),
 the final row sums (bar.arrive -> bar.sync) and the transposed rows' P_x (same barriers as the
-rescale factors; its two lines say so). scripts/racecheck_probe.py shows a minimal kernel with the
-same protocol reported the same way (docs/PERF.md, session 3)."""
+rescale factors; its two lines say so). A minimal kernel with the same protocol is reported the same
+way (docs/PERF.md ledger)."""
 
 
 def assert_only_known_handoffs(rep):
-    """Every case's numbers pass, and every source line racecheck names is one of SM90_HANDOFFS: a
-    race anywhere else (the session-3 tile-copy race wrote KV columns) still fails."""
+    """Every case's numbers pass, and every source line racecheck names is one of FLASH_SM90_HANDOFFS: a
+    race anywhere else (a tile-copy race that wrote KV columns was caught so) still fails."""
     import re
 
     from kdtr.kernels.nvrtc import CUDA_DIR
@@ -121,30 +121,30 @@ def assert_only_known_handoffs(rep):
         assert all(c["status"] == "PASS" for c in r["checks"]), describe(rep)
         lines = [int(n) for n in re.findall(r"flash_sm90\.cu:(\d+)", r["message"])]
         assert r["status"] == "PASS" or lines, r["message"]
-        odd = [(n, src[n - 1].strip()) for n in lines if not any(h in src[n - 1] for h in SM90_HANDOFFS)]
+        odd = [(n, src[n - 1].strip()) for n in lines if not any(h in src[n - 1] for h in FLASH_SM90_HANDOFFS)]
         assert not odd, f"racecheck names lines outside the known hand-offs: {odd}"
 
 
-SM90_FORCED = {
-    "transposed-rows": {"KDTR_FLASH_XR": "1"},
-    "segments": {"KDTR_FLASH_XR": "0", "KDTR_FLASH_SEGMENTS": "3"},  # work table, pieces of <= 3 tiles
+FLASH_SM90_FORCED = {
+    "transposed-rows": "flash-sm90[xr=1]",
+    "work-table": "flash-sm90[xr=0,segments=3]",  # pieces of <= 3 tiles
 }
-"""flash-sm90 paths ci's own plans rarely take, forced for the sanitizer runs."""
+"""flash-sm90 paths ci's own plans rarely take, forced for the sanitizer runs (the child processes resolve
+the kernel again from its name, suffix included)."""
 
 
 @pytest.mark.sanitizer
 @pytest.mark.usefixtures("sanitizer_works")
 @pytest.mark.parametrize("tool", ["memcheck", "racecheck"])
-@pytest.mark.parametrize("path", sorted(SM90_FORCED))
-def test_flash_sm90_forced_paths_are_clean_under_the_sanitizer(tmp_path, tool, path, monkeypatch):
-    """The two 68-row bundles (and, for transposed rows, the two 8-row ones: XR_ONLY) with flash-sm90's
-    transposed rows, or its segments, forced on: memcheck clean, racecheck naming only the known hand-offs."""
+@pytest.mark.parametrize("path", sorted(FLASH_SM90_FORCED))
+def test_flash_sm90_forced_paths_are_clean_under_the_sanitizer(tmp_path, tool, path):
+    """The two 68-row bundles (and, for transposed rows, the two 8-row ones: every row transposed) with
+    flash-sm90's transposed rows, or its work table, forced on: memcheck clean, racecheck naming only the
+    known hand-offs."""
     if device_arch() != "sm_90":
         pytest.skip(f"flash-sm90 needs an sm_90 GPU; this one is {device_arch()}")
-    for key, value in SM90_FORCED[path].items():
-        monkeypatch.setenv(key, value)
     bundles = SANITIZE_BUNDLES[:2] + (SANITIZE_BUNDLES[3:] if path == "transposed-rows" else [])
-    code, rep, out = verify(tmp_path, "-k", "flash-sm90", "--sanitize", tool, *bundles)
+    code, rep, out = verify(tmp_path, "-k", FLASH_SM90_FORCED[path], "--sanitize", tool, *bundles)
     if tool == "racecheck":
         assert_only_known_handoffs(rep)
         return

@@ -46,10 +46,9 @@ def test_builtin_kernel_passes_ci_and_repeats_bit_identically(ci_paths, name):
 
 
 @pytest.mark.parametrize("mt", [1, 2, 4])
-def test_flash_every_row_tile_passes_ci(ci_paths, mt, monkeypatch):
-    """The plan picks the row tile from the shape; force each so every instantiation is checked."""
-    monkeypatch.setenv("KDTR_FLASH_MT", str(mt))
-    rep = run_verify(resolve_kernel("flash"), ci_paths)
+def test_flash_every_row_tile_passes_ci(ci_paths, mt):
+    """The plan picks the row tile from the shape; force each (flash[mt=N]) so every instantiation is checked."""
+    rep = run_verify(resolve_kernel(f"flash[mt={mt}]"), ci_paths)
     assert not rep.failed, _describe(rep)
 
 
@@ -70,16 +69,17 @@ def test_builtin_kernel_passes_long(name):
     assert not rep.failed, _describe(rep)
 
 
-MERGE_CASES = {  # KDTR_FLASH_MERGE, model, heads, budget, prefix lengths, the main kernel's {merge} and {xr}, splits at least
-    "decode-in-kernel": ("1", "kimi-k2", 8, 0, (6000, 2500), 1, 0, 32),  # the 64-row build (KDTR_FLASH_XR=0)
-    "decode-combine": ("0", "kimi-k2", 8, 0, (6000, 2500), 0, 0, 32),
-    "decode-xonly-combine": ("1", "kimi-k2", 8, 0, (50000, 9000), 0, 1, 128),  # XR_ONLY (the plan): the narrow combine
-    "many-rows-combine": ("1", "deepseek-v3", 16, 64, (3000, 1700), 0, 0, 2),  # 2 x 17 row tiles: no in-kernel merge
+MERGE_CASES = {  # force suffix, model, heads, budget, prefix lengths, the main kernel's {merge} and {xr}, splits at least
+    "decode-in-kernel": ("[merge=kernel]", "kimi-k2", 8, 0, (6000, 2500), 1, 0, 32),  # the 64-row build
+    "decode-combine": ("[merge=combine,xr=0,segments=0]", "kimi-k2", 8, 0, (6000, 2500), 0, 0, 32),
+    "decode-transposed-combine": ("[xr=1,segments=0]", "kimi-k2", 8, 0, (50000, 9000), 0, 1, 128),  # the narrow combine
+    "many-rows-combine": ("[xr=0,segments=0]", "deepseek-v3", 16, 64, (3000, 1700), 0, 0, 2),  # 2 x 17 row tiles
 }
+"""The uniform grid whose merge is under test (segments=0 where the model might take a work table)."""
 
 
 @pytest.mark.parametrize("case", sorted(MERGE_CASES))
-def test_flash_sm90_merges_are_exact_relaunchable_and_catch_the_merge_bug(case, monkeypatch):
+def test_flash_sm90_merges_are_exact_relaunchable_and_catch_the_merge_bug(case):
     """flash-sm90 merges its splits in the main kernel on one-wave decode grids (counters in the
     workspace) or through the combine launch: each matches the reference, a launcher run four times
     gives the bits of one run and leaves the counters at zero, and the planted merge bug fails on
@@ -94,17 +94,14 @@ def test_flash_sm90_merges_are_exact_relaunchable_and_catch_the_merge_bug(case, 
 
     if device_arch() != "sm_90":
         pytest.skip("flash-sm90 needs an sm_90 GPU")
-    merge, model, heads, budget, prefix, main_merge, xr, min_splits = MERGE_CASES[case]
-    monkeypatch.setenv("KDTR_FLASH_MERGE", merge)
-    monkeypatch.setenv("KDTR_FLASH_XR", "1" if xr else "0")
-    monkeypatch.setenv("KDTR_FLASH_SEGMENTS", "0")  # the uniform grid whose merge is under test
+    force, model, heads, budget, prefix, main_merge, xr, min_splits = MERGE_CASES[case]
     spec = CaseSpec(model=model, heads=heads, prefix_lens=prefix, family="ddtree" if budget else "root",
                     budget=budget, page_size=64)
     prob, _ = build_problem(spec)
     want, tol = reference(prob)[0], default(spec.kv_dtype, spec.out_dtype, "out")
     dp = DeviceProblem(prob, spec.out_dtype)
-    steps, ws, splits = resolve_kernel("flash-sm90").steps(dp)
-    (expr,) = steps[0][0].compiled.lowered
+    steps, ws, splits = resolve_kernel("flash-sm90" + force).steps(dp)
+    (expr,) = steps[0].loaded.compiled.lowered
     assert splits >= min_splits and len(steps) == (1 if main_merge else 2) and f", {main_merge}, {xr}>" in expr, expr
     go = make_launcher(dp, steps, ws, splits)
     go()
@@ -116,13 +113,13 @@ def test_flash_sm90_merges_are_exact_relaunchable_and_catch_the_merge_bug(case, 
     assert not compare(again, want, tol).status.failed
     n = prob.B * -(-prob.T * prob.H // 64) * 2  # uint32 counters [B, row tiles, 2] end the workspace
     assert int(go.workspace[-n * 4:].get().view(np.uint32).sum()) == 0
-    buggy = resolve_kernel(variant_name("flash-sm90", Bug.MERGE_WRONG_MAX)).run(prob, spec.out_dtype)
+    buggy = resolve_kernel(variant_name("flash-sm90", Bug.MERGE_WRONG_MAX) + force).run(prob, spec.out_dtype)
     assert compare(buggy.out, want, tol).status.failed
 
 
 @pytest.mark.parametrize("name", ["flash", "flash-sm90"])
-def test_split_partials_cover_the_keys_python_says(name, monkeypatch):
-    """Each split's partial lse (workspace) equals the lse over the keys kdtr.flash_plan.split_ranges
+def test_split_partials_cover_the_keys_python_says(name):
+    """Each split's partial lse (workspace) equals the lse over the keys kdtr/kernels/flash/plan.py's split_ranges
     gives that split (+ the tree tail for the last): the plan's cost model and the kernels' split
     partition (cuda/flash_split.cuh) are one rule written twice, checked here. A shifted boundary
     of one 16-key tile moves a split's lse by ~0.01-0.1; the bound is 2e-3."""
@@ -134,11 +131,9 @@ def test_split_partials_cover_the_keys_python_says(name, monkeypatch):
     from kdtr.inputs.presets import DK
     from kdtr.inputs.trees import unpack_mask
 
-    monkeypatch.setenv("KDTR_FLASH_SPLITS", "7")
-    monkeypatch.setenv("KDTR_FLASH_MERGE", "0")
     spec = CaseSpec(model="kimi-k2", heads=8, prefix_lens=(3100, 700), family="ddtree", budget=40, page_size=64)
     prob, _ = build_problem(spec)
-    kernel = resolve_kernel(name)
+    kernel = resolve_kernel(f"{name}[splits=7,merge=combine]")
     dp = DeviceProblem(prob, spec.out_dtype)
     steps, ws, splits = kernel.steps(dp)
     assert splits == 7
@@ -171,6 +166,8 @@ def test_flash_sm90_reads_full_prefix_tiles_through_the_tensor_map(page_size):
     else with cp.async: a tensor map shifted by one cache row must break a page-64 run (so the
     map is what those tiles are read through) and must not touch a page-1 run (where no tile is
     read through it); the right map passes both."""
+    from dataclasses import replace
+
     from kdtr.kernels.flash import tma
     from kdtr.inputs.cases import CaseSpec, build_problem
     from kdtr.check.compare import compare
@@ -194,8 +191,8 @@ def test_flash_sm90_reads_full_prefix_tiles_through_the_tensor_map(page_size):
     one_less = tma.KvMapSpec(dims, full.strides, full.box)  # stays inside the cache
     shifted = tma.encode(one_less, dp.kv_cache.data.ptr + DK * 2)  # row r of the map is cache row r + 1
     results = {}
-    for label, extra in (("right", steps[0][4]), ("shifted", (shifted, *steps[0][4][1:]))):
-        go = make_launcher(dp, [(*steps[0][:4], extra), *steps[1:]], ws, splits)
+    for label, args in (("right", steps[0].args), ("shifted", (shifted, *steps[0].args[1:]))):
+        go = make_launcher(dp, [replace(steps[0], args=args), *steps[1:]], ws, splits)
         dp.poison()
         go()
         results[label] = compare(dp.download()[0], want, tol).status
@@ -205,7 +202,7 @@ def test_flash_sm90_reads_full_prefix_tiles_through_the_tensor_map(page_size):
 
 @pytest.mark.parametrize("combine,splits", [("rows", 7), ("rows", 4), ("split", 7), ("narrow32", 7), ("narrow64", 7)])
 @pytest.mark.parametrize("name", ["flash", "flash-sm90"])
-def test_both_combine_kernels_merge_exactly_and_catch_the_merge_bug(name, combine, splits, monkeypatch):
+def test_both_combine_kernels_merge_exactly_and_catch_the_merge_bug(name, combine, splits):
     """kdtr_flash_combine_rows (a warp per half row for 7 splits, per whole row for 4), kdtr_flash_combine (a CTA
     per row, column chunks) and kdtr_flash_combine_narrow (a CTA per row and 32 or 64 columns, 4 warps for 7
     splits) each merge the forced splits of a 1040-row request to the reference, relaunch bit-identically, and
@@ -214,23 +211,21 @@ def test_both_combine_kernels_merge_exactly_and_catch_the_merge_bug(name, combin
 
     from kdtr.inputs.cases import CaseSpec, build_problem
     from kdtr.check.compare import compare
-    from kdtr.kernels.flash.plan import COMBINE, COMBINE_NARROW, COMBINE_ROWS
+    from kdtr.kernels.flash.combine import COMBINE, COMBINE_NARROW, COMBINE_ROWS
     from kdtr.kernels.launch import CTYPES, DeviceProblem, make_launcher
     from kdtr.golden.reference import reference
     from kdtr.golden.tolerances import default
 
-    monkeypatch.setenv("KDTR_FLASH_SPLITS", str(splits))
-    monkeypatch.setenv("KDTR_FLASH_MERGE", "0")
-    monkeypatch.setenv("KDTR_FLASH_COMBINE", combine)
+    force = f"[splits={splits},merge=combine,combine={combine}]"
     spec = CaseSpec(model="deepseek-v3", heads=16, prefix_lens=(1500, 900), family="ddtree", budget=64, page_size=64)
     prob, _ = build_problem(spec)
     (want, want_lse), tol = reference(prob), default(spec.kv_dtype, spec.out_dtype, "out")
     dp = DeviceProblem(prob, spec.out_dtype)
-    steps, ws, planned = resolve_kernel(name).steps(dp)
+    steps, ws, planned = resolve_kernel(name + force).steps(dp)
     expect = {"rows": COMBINE_ROWS.format(out="{out}", parts=2 if splits > 4 else 1), "split": COMBINE}.get(
         combine, COMBINE_NARROW.format(out="{out}", cols=combine[6:], warps=4))
     assert planned == splits and len(steps) == 2
-    assert set(steps[1][0].compiled.lowered) == {expect.format(out=CTYPES[spec.out_dtype])}
+    assert set(steps[1].loaded.compiled.lowered) == {expect.format(out=CTYPES[spec.out_dtype])}
     go = make_launcher(dp, steps, ws, planned)
     go()
     once, lse = (a.copy() for a in dp.download())
@@ -238,42 +233,39 @@ def test_both_combine_kernels_merge_exactly_and_catch_the_merge_bug(name, combin
     assert np.array_equal(once, dp.download()[0])
     assert not compare(once, want, tol).status.failed
     assert not compare(lse, want_lse, default(spec.kv_dtype, spec.out_dtype, "lse"), "lse").status.failed  # half rows: z 0
-    buggy = resolve_kernel(variant_name(name, Bug.MERGE_WRONG_MAX)).run(prob, spec.out_dtype)
+    buggy = resolve_kernel(variant_name(name, Bug.MERGE_WRONG_MAX) + force).run(prob, spec.out_dtype)
     assert compare(buggy.out, want, tol).status.failed
 
 
 @pytest.mark.parametrize("width", ["narrow32", "narrow64"])
 @pytest.mark.parametrize("xr", ["0", "1"])
 @pytest.mark.parametrize("name", ["flash", "flash-sm90"])
-def test_narrow_combine_merges_hundreds_of_splits_some_empty(name, xr, width, monkeypatch):
+def test_narrow_combine_merges_hundreds_of_splits_some_empty(name, xr, width):
     """Kimi decode (8 rows a request, two requests) as its plan merges it on a few rows:
     kdtr_flash_combine_narrow of either width, here over 300 forced splits, more than its one step
     (288 splits at 32 columns, 144 at 64), and the splits past the shorter prefix's tiles see no key
-    (lse -inf). Both requests' out and lse match the reference (64-row tiles, and XR_ONLY where
-    flash-sm90 has it), a relaunch gives the same bits, and the planted merge bug fails."""
+    (lse -inf). Both requests' out and lse match the reference (64-row tiles, and all rows transposed where
+    flash-sm90 has them), a relaunch gives the same bits, and the planted merge bug fails."""
     from kdtr.inputs.cases import CaseSpec, build_problem
     from kdtr.check.compare import compare
-    from kdtr.kernels.flash.plan import COMBINE_NARROW
+    from kdtr.kernels.flash.combine import COMBINE_NARROW
     from kdtr.kernels.launch import CTYPES, DeviceProblem, make_launcher
     from kdtr.golden.reference import reference
     from kdtr.golden.tolerances import default
 
     if xr == "1" and name != "flash-sm90":
-        pytest.skip("XR_ONLY is flash-sm90's")
-    monkeypatch.setenv("KDTR_FLASH_SPLITS", "300")
-    monkeypatch.setenv("KDTR_FLASH_MERGE", "0")
-    monkeypatch.setenv("KDTR_FLASH_XR", xr)
-    monkeypatch.setenv("KDTR_FLASH_COMBINE", width)
+        pytest.skip("transposed rows are flash-sm90's")
+    force = f"[splits=300,merge=combine,combine={width}" + (f",xr={xr}]" if name == "flash-sm90" else "]")
     spec = CaseSpec(model="kimi-k2", heads=8, prefix_lens=(11000, 5000), family="root", budget=0, page_size=64)
     prob, _ = build_problem(spec)
     want = reference(prob)
     dp = DeviceProblem(prob, spec.out_dtype)
-    steps, ws, splits = resolve_kernel(name).steps(dp)
+    steps, ws, splits = resolve_kernel(name + force).steps(dp)
     assert splits == 300 and len(steps) == 2, (splits, len(steps))
     # 300 splits: past one step of either width, so 8 warps
-    assert set(steps[1][0].compiled.lowered) == {COMBINE_NARROW.format(out=CTYPES[spec.out_dtype], cols=width[6:], warps=8)}
+    assert set(steps[1].loaded.compiled.lowered) == {COMBINE_NARROW.format(out=CTYPES[spec.out_dtype], cols=width[6:], warps=8)}
     relaunch_matches(dp, make_launcher(dp, steps, ws, splits), want, spec.kv_dtype, spec.out_dtype)
-    buggy = resolve_kernel(variant_name(name, Bug.MERGE_WRONG_MAX)).run(prob, spec.out_dtype)
+    buggy = resolve_kernel(variant_name(name, Bug.MERGE_WRONG_MAX) + force).run(prob, spec.out_dtype)
     assert compare(buggy.out, want[0], default(spec.kv_dtype, spec.out_dtype, "out")).status.failed
 
 
@@ -294,9 +286,9 @@ def relaunch_matches(dp, go, want, kv_dtype: str, out_dtype: str) -> None:
     assert not compare(lse, want[1], default(kv_dtype, out_dtype, "lse"), "lse").status.failed
 
 
-def sm90_bug_shows(spec, bug: Bug, nodes=slice(None)) -> None:
-    """flash-sm90 on ``spec``'s problem matches the reference over tree nodes ``nodes`` and its
-    planted-``bug`` variant does not (out, calibrated tolerance)."""
+def flash_sm90_bug_shows(spec, bug: Bug, force: str, nodes=slice(None)) -> None:
+    """flash-sm90 with plan suffix ``force`` on ``spec``'s problem matches the reference over tree nodes
+    ``nodes`` and its planted-``bug`` variant (the same suffix) does not (out, calibrated tolerance)."""
     from kdtr.inputs.cases import build_problem
     from kdtr.check.compare import compare
     from kdtr.golden.reference import reference
@@ -305,57 +297,58 @@ def sm90_bug_shows(spec, bug: Bug, nodes=slice(None)) -> None:
     prob, _ = build_problem(spec)
     want = reference(prob)[0][:, nodes]  # [B, T, H, 512] over the nodes checked
     tol = default(spec.kv_dtype, spec.out_dtype, "out")
-    good = resolve_kernel("flash-sm90").run(prob, spec.out_dtype).out[:, nodes]
+    good = resolve_kernel("flash-sm90" + force).run(prob, spec.out_dtype).out[:, nodes]
     assert not compare(good, want, tol).status.failed
-    buggy = resolve_kernel(variant_name("flash-sm90", bug)).run(prob, spec.out_dtype).out[:, nodes]
+    buggy = resolve_kernel(variant_name("flash-sm90", bug) + force).run(prob, spec.out_dtype).out[:, nodes]
     assert compare(buggy, want, tol).status.failed, f"{bug.slug} left nodes {nodes} right"
 
 
-def sm90_steps(monkeypatch, env: dict, heads: int, budget: int, prefix, page: int, family: str, out_dtype: str):
-    """flash-sm90's planned launches for a Kimi case with knobs ``env`` set: (spec, problem, reference
+def flash_sm90_steps(force: str, heads: int, budget: int, prefix, page: int, family: str, out_dtype: str):
+    """The launches of flash-sm90 with plan suffix ``force`` for a Kimi case: (spec, problem, reference
     (out, lse), DeviceProblem, steps, workspace bytes, splits)."""
     from kdtr.inputs.cases import CaseSpec, build_problem
     from kdtr.kernels.launch import DeviceProblem
     from kdtr.golden.reference import reference
 
-    for key, value in env.items():
-        monkeypatch.setenv(key, value)
     spec = CaseSpec(model="kimi-k2", heads=heads, prefix_lens=prefix, family=family, budget=budget, page_size=page,
                     out_dtype=out_dtype)
     prob, _ = build_problem(spec)
     dp = DeviceProblem(prob, out_dtype)
-    return (spec, prob, reference(prob), dp, *resolve_kernel("flash-sm90").steps(dp))
+    return (spec, prob, reference(prob), dp, *resolve_kernel("flash-sm90" + force).steps(dp))
 
 
 XR_CASES = {  # (heads, budget, prefix lengths, page size, tree family, out dtype, forced splits)
     "kimi-t9-split": (8, 8, (3000, 77), 64, "ddtree", "bf16", None),  # 72 rows: one CTA per split + combine
     "136-rows-page1": (8, 16, (500,), 1, "ddtree", "fp32", None),     # the second of two tiles takes 8
-    "65-rows-direct": (5, 12, (0, 40), 64, "star", "bf16", "1"),      # one split; a request without prefix
-    "kimi-t9-3splits-page1": (8, 8, (2100, 64), 1, "chain", "bf16", "3"),
+    "65-rows-direct": (5, 12, (0, 40), 64, "star", "bf16", 1),        # one split; a request without prefix
+    "kimi-t9-3splits-page1": (8, 8, (2100, 64), 1, "chain", "bf16", 3),
 }
 
 
+def xr_force(splits) -> str:
+    """Transposed rows wherever they apply (the plan's model takes them for many requests only), the split count forced."""
+    return f"[splits={splits},xr=1]" if splits else "[xr=1]"
+
+
 @pytest.mark.parametrize("case", sorted(XR_CASES))
-def test_flash_sm90_transposed_rows_match_the_reference(case, monkeypatch):
+def test_flash_sm90_transposed_rows_match_the_reference(case):
     """Requests of 64 k + 1..8 rows run their last rows as transposed products inside the last row
-    tile (kdtr.flash_plan.extra_row_tiles): the plan takes the XR build with one CTA fewer per split,
-    out and lse match the reference in every row, and a relaunch gives the same bits."""
+    tile (kdtr/kernels/flash/plan.py's extra_row_tiles): flash-sm90[xr=1] takes the ROWS_EXTRA build with one
+    CTA fewer per split, out and lse match the reference in every row, and a relaunch gives the same bits."""
     from kdtr.kernels.launch import make_launcher
 
     if device_arch() != "sm_90":
         pytest.skip("flash-sm90 needs an sm_90 GPU")
     *shape, splits = XR_CASES[case]
-    # transposed rows wherever they apply (the plan's model takes them for many requests only)
-    spec, prob, want, dp, steps, ws, n_splits = sm90_steps(monkeypatch, {"KDTR_FLASH_XR": "1", "KDTR_FLASH_SPLITS": splits or ""},
-                                                           *shape)
-    (expr,) = steps[0][0].compiled.lowered
+    spec, prob, want, dp, steps, ws, n_splits = flash_sm90_steps(xr_force(splits), *shape)
+    (expr,) = steps[0].loaded.compiled.lowered
     R = prob.T * prob.H
-    assert expr.endswith(", 8>") and steps[0][1][0] == R // 64, (expr, steps[0][1])
+    assert expr.endswith(", 8>") and steps[0].grid[0] == R // 64, (expr, steps[0].grid)
     relaunch_matches(dp, make_launcher(dp, steps, ws, n_splits), want, spec.kv_dtype, spec.out_dtype)
 
 
 @pytest.mark.parametrize("bug", PLANTED, ids=lambda b: b.slug)
-def test_flash_sm90_transposed_rows_carry_every_planted_bug(bug: Bug, monkeypatch):
+def test_flash_sm90_transposed_rows_carry_every_planted_bug(bug: Bug):
     """Each planted bug shows in the transposed rows alone (rows 64..71 of a 72-row star tree,
     node 8, whose previous node is a sibling): those rows run the same operator, not a copy that
     the 64 wgmma rows would hide. Two requests: P = 700 (pages and tiles for the page and tile
@@ -364,157 +357,112 @@ def test_flash_sm90_transposed_rows_carry_every_planted_bug(bug: Bug, monkeypatc
 
     if device_arch() != "sm_90":
         pytest.skip("flash-sm90 needs an sm_90 GPU")
-    monkeypatch.setenv("KDTR_FLASH_XR", "1")
     spec = CaseSpec(model="kimi-k2", heads=8, prefix_lens=(700, 1), family="star", budget=8, page_size=64)
-    sm90_bug_shows(spec, bug, slice(8, None))  # rows 64..71 are node 8
+    flash_sm90_bug_shows(spec, bug, "[xr=1]", slice(8, None))  # rows 64..71 are node 8
 
 
-XONLY_CASES = {  # (heads, budget, prefix lengths, page size, tree family, out dtype, forced splits)
+TRANSPOSED_CASES = {  # (heads, budget, prefix lengths, page size, tree family, out dtype, forced splits)
     "kimi-decode-edges": (8, 0, (0, 1, 31, 32, 33, 64, 65, 2500), 64, "root", "bf16", None),
     "kimi-decode-page1-fp32-out": (8, 0, (4000, 77), 1, "root", "fp32", None),
     "2-heads-4-nodes": (2, 3, (700, 0), 64, "ddtree", "bf16", None),
-    "8-node-chain-direct": (1, 7, (300,), 64, "chain", "bf16", "1"),  # one split: out written directly
-    "5-node-star-3splits-page1": (1, 4, (2100, 64), 1, "star", "bf16", "3"),
+    "8-node-chain-direct": (1, 7, (300,), 64, "chain", "bf16", 1),  # one split: out written directly
+    "5-node-star-3splits-page1": (1, 4, (2100, 64), 1, "star", "bf16", 3),
     "kimi-decode-page1-171-splits": (8, 0, (16384,), 1, "root", "fp32", None),  # the planned B1 grid (two CTAs an SM)
 }
 
 
-@pytest.mark.parametrize("case", sorted(XONLY_CASES))
-def test_flash_sm90_all_rows_transposed_match_the_reference(case, monkeypatch):
-    """Requests of 1..8 rows (Kimi decode) run as XR_ONLY (the plan's choice, forced here too): one row
-    tile whose rows are all transposed products, two CTAs per SM. out and lse match the reference in every row,
-    over prefix edges, both page sizes, trees whose rows see different tail keys and one split as well
+@pytest.mark.parametrize("case", sorted(TRANSPOSED_CASES))
+def test_flash_sm90_all_rows_transposed_match_the_reference(case):
+    """Requests of 1..8 rows (Kimi decode) run as ROWS_TRANSPOSED (the plan's choice, forced here too): one
+    row tile whose rows are all transposed products, two CTAs per SM. out and lse match the reference in every
+    row, over prefix edges, both page sizes, trees whose rows see different tail keys and one split as well
     as several (171 on one request: more than the SMs), and a relaunch gives the same bits."""
-    from kdtr.kernels.flash.plan import XR_ONLY
+    from kdtr.kernels.flash.force import RowLayout
     from kdtr.kernels.launch import make_launcher
 
     if device_arch() != "sm_90":
         pytest.skip("flash-sm90 needs an sm_90 GPU")
-    *shape, splits = XONLY_CASES[case]
-    spec, prob, want, dp, steps, ws, n_splits = sm90_steps(monkeypatch, {"KDTR_FLASH_XR": "1", "KDTR_FLASH_SPLITS": splits or ""},
-                                                           *shape)
+    *shape, splits = TRANSPOSED_CASES[case]
+    spec, prob, want, dp, steps, ws, n_splits = flash_sm90_steps(xr_force(splits), *shape)
     assert prob.T * prob.H <= 8
-    (expr,) = steps[0][0].compiled.lowered
-    assert expr.endswith(f", {XR_ONLY}>") and steps[0][1][0] == 1, (expr, steps[0][1])
-    assert n_splits == int(splits or n_splits) and len(steps) == (1 if n_splits == 1 else 2)
+    (expr,) = steps[0].loaded.compiled.lowered
+    assert expr.endswith(f", {int(RowLayout.TRANSPOSED)}>") and steps[0].grid[0] == 1, (expr, steps[0].grid)
+    assert n_splits == (splits or n_splits) and len(steps) == (1 if n_splits == 1 else 2)
     relaunch_matches(dp, make_launcher(dp, steps, ws, n_splits), want, spec.kv_dtype, spec.out_dtype)
 
 
 @pytest.mark.parametrize("bug", PLANTED, ids=lambda b: b.slug)
-def test_flash_sm90_all_rows_transposed_carry_every_planted_bug(bug: Bug, monkeypatch):
-    """Each planted bug shows when every row is transposed (XR_ONLY): an
-    8-node star (siblings for the sibling bug), P = 700 (pages and a partial tile) and P = 1 (the
-    one prefix key the drop-key bug loses)."""
+def test_flash_sm90_all_rows_transposed_carry_every_planted_bug(bug: Bug):
+    """Each planted bug shows when every row is transposed (ROWS_TRANSPOSED): an 8-node star (siblings for
+    the sibling bug), P = 700 (pages and a partial tile) and P = 1 (the one prefix key the drop-key bug loses)."""
     from kdtr.inputs.cases import CaseSpec
 
     if device_arch() != "sm_90":
         pytest.skip("flash-sm90 needs an sm_90 GPU")
-    monkeypatch.setenv("KDTR_FLASH_XR", "1")
-    sm90_bug_shows(CaseSpec(model="kimi-k2", heads=1, prefix_lens=(700, 1), family="star", budget=7, page_size=64), bug)
+    flash_sm90_bug_shows(CaseSpec(model="kimi-k2", heads=1, prefix_lens=(700, 1), family="star", budget=7, page_size=64),
+                   bug, "[xr=1]")
 
 
-TAIL_CASES = {  # (heads, budget, prefix lengths, page size, tree family, out dtype)
-    "kimi-t9": (8, 8, (3000,), 64, "ddtree", "bf16"),           # 64 + 8 rows
-    "kimi-t9-mixed-page1-fp32": (8, 8, (2100, 64), 1, "chain", "fp32"),
-    "136-rows": (8, 16, (500,), 64, "ddtree", "bf16"),          # two 64-row tiles + 8
-    "65-rows-no-prefix": (5, 12, (0, 40), 64, "star", "bf16"),  # one tail row; a request without prefix
+WORK_TABLE_CASES = {  # (heads, budget, prefix lengths, page size, out dtype, force)
+    "t65-mixed-page64": (16, 64, (1500, 0, 333, 2900), 64, "bf16", "[segments=7]"),  # 17 row tiles; a request without prefix
+    "t65-page1-fp32": (16, 64, (900, 41), 1, "fp32", "[segments=5]"),
+    "t17-cut-every-tile": (16, 16, (700, 64), 64, "bf16", "[segments=2]"),             # 272 rows, many 2-tile pieces
+    "t65-model-choice": (16, 64, (2000, 1999, 1500, 1700, 2100, 1800, 1900, 2000), 64, "bf16", "[segments=1]"),
 }
 
 
-@pytest.mark.parametrize("case", sorted(TAIL_CASES))
-def test_flash_sm90_tail_launch_matches_the_reference(case, monkeypatch):
-    """The rows past 64 k as a second, XR_ONLY launch beside the 64-row tiles' (launched dependent so
-    it runs at once, waiting for the first grid only before it exits): every row's out and lse match
-    the reference and a relaunch gives the same bits."""
-    from kdtr.kernels.flash.plan import XR_ONLY
-    from kdtr.kernels.launch import make_launcher
-
-    if device_arch() != "sm_90":
-        pytest.skip("flash-sm90 needs an sm_90 GPU")
-    spec, prob, want, dp, steps, ws, n_splits = sm90_steps(monkeypatch, {"KDTR_FLASH_TAIL": "1"}, *TAIL_CASES[case])
-    (main_expr,), (tail_expr,) = steps[0][0].compiled.lowered, steps[1][0].compiled.lowered
-    R = prob.T * prob.H
-    assert main_expr.endswith(", 0, 0>") and steps[0][1] == (R // 64, n_splits, prob.B), (main_expr, steps[0][1])
-    assert tail_expr.endswith(f", 0, {XR_ONLY}>") and steps[1][0].dependent and steps[1][1] == (1, n_splits, prob.B)
-    assert len(steps) == (2 if n_splits == 1 else 3)
-    relaunch_matches(dp, make_launcher(dp, steps, ws, n_splits), want, spec.kv_dtype, spec.out_dtype)
-
-
-@pytest.mark.parametrize("bug", PLANTED, ids=lambda b: b.slug)
-def test_flash_sm90_tail_launch_carries_every_planted_bug(bug: Bug, monkeypatch):
-    """Each planted bug shows in the tail launch's rows alone (rows 64..71 of a 72-row star tree, node
-    8, whose previous node is a sibling), as for the transposed rows inside a tile."""
-    from kdtr.inputs.cases import CaseSpec
-
-    if device_arch() != "sm_90":
-        pytest.skip("flash-sm90 needs an sm_90 GPU")
-    monkeypatch.setenv("KDTR_FLASH_TAIL", "1")
-    spec = CaseSpec(model="kimi-k2", heads=8, prefix_lens=(700, 1), family="star", budget=8, page_size=64)
-    sm90_bug_shows(spec, bug, slice(8, None))
-
-
-SEGMENT_CASES = {  # (heads, budget, prefix lengths, page size, out dtype, forced cut in tiles)
-    "t65-mixed-page64": (16, 64, (1500, 0, 333, 2900), 64, "bf16", "7"),  # 17 row tiles; a request without prefix
-    "t65-page1-fp32": (16, 64, (900, 41), 1, "fp32", "5"),
-    "t17-cut-every-tile": (16, 16, (700, 64), 64, "bf16", "2"),             # 272 rows, many 2-tile pieces
-    "t65-model-choice": (16, 64, (2000, 1999, 1500, 1700, 2100, 1800, 1900, 2000), 64, "bf16", "1"),
-}
-
-
-@pytest.mark.parametrize("case", sorted(SEGMENT_CASES))
-def test_flash_sm90_segments_match_the_reference(case, monkeypatch):
-    """The work table (kdtr/kernels/flash/schedule.py, MERGE = 2): pieces cut anywhere on a tile boundary across
-    mixed prefix lengths, pages of 64 and 1, longest first; cut jobs merged by
-    kdtr_flash_combine_jobs, whole ones written directly. out and lse match the reference and a
-    relaunch gives the same bits."""
+@pytest.mark.parametrize("case", sorted(WORK_TABLE_CASES))
+def test_flash_sm90_work_table_matches_the_reference(case):
+    """The work table (kdtr/kernels/flash/schedule.py, Merge.WORK_TABLE): pieces cut anywhere on a tile boundary
+    across mixed prefix lengths, pages of 64 and 1, longest first; cut jobs merged by kdtr_flash_combine_jobs,
+    whole ones written directly. out and lse match the reference and a relaunch gives the same bits."""
     from kdtr.inputs.cases import CaseSpec, build_problem
     from kdtr.kernels.launch import DeviceProblem, make_launcher
     from kdtr.golden.reference import reference
 
     if device_arch() != "sm_90":
         pytest.skip("flash-sm90 needs an sm_90 GPU")
-    heads, budget, prefix, page, out_dtype, cut = SEGMENT_CASES[case]
-    monkeypatch.setenv("KDTR_FLASH_SEGMENTS", cut)
+    heads, budget, prefix, page, out_dtype, force = WORK_TABLE_CASES[case]
     spec = CaseSpec(model="deepseek-v3", heads=heads, prefix_lens=prefix, family="ddtree", budget=budget,
                     page_size=page, out_dtype=out_dtype)
     prob, _ = build_problem(spec)
     want_out, want_lse = reference(prob)
     dp = DeviceProblem(prob, out_dtype)
-    steps, ws, slots = resolve_kernel("flash-sm90").steps(dp)
-    (expr,) = steps[0][0].compiled.lowered
+    steps, ws, slots = resolve_kernel("flash-sm90" + force).steps(dp)
+    (expr,) = steps[0].loaded.compiled.lowered
     assert ", 2, 0>" in expr and len(steps) == 2 and slots > 1, (expr, len(steps))
-    assert all(e.startswith("kdtr_flash_combine_jobs<") for e in steps[1][0].compiled.lowered)
+    assert all(e.startswith("kdtr_flash_combine_jobs<") for e in steps[1].loaded.compiled.lowered)
     relaunch_matches(dp, make_launcher(dp, steps, ws, slots), (want_out, want_lse), spec.kv_dtype, out_dtype)
 
 
 @pytest.mark.parametrize("bug", PLANTED, ids=lambda b: b.slug)
-def test_flash_sm90_segments_carry_every_planted_bug(bug: Bug, monkeypatch):
-    """Each planted bug fails through the work table too (pieces of <= 5 tiles, so cut jobs merge):
-    the segments build runs the same operator, and the merge bug reaches kdtr_flash_combine_jobs."""
+def test_flash_sm90_work_table_carries_every_planted_bug(bug: Bug):
+    """Each planted bug fails through the work table too (pieces of <= 5 tiles, so cut jobs merge): the
+    work-table build runs the same operator, and the merge bug reaches kdtr_flash_combine_jobs."""
     from kdtr.inputs.cases import CaseSpec
 
     if device_arch() != "sm_90":
         pytest.skip("flash-sm90 needs an sm_90 GPU")
-    monkeypatch.setenv("KDTR_FLASH_SEGMENTS", "5")
-    sm90_bug_shows(CaseSpec(model="deepseek-v3", heads=16, prefix_lens=(700, 1), family="ddtree", budget=16,
-                            page_size=64), bug)
+    flash_sm90_bug_shows(CaseSpec(model="deepseek-v3", heads=16, prefix_lens=(700, 1), family="ddtree", budget=16,
+                            page_size=64), bug, "[segments=5]")
 
 
-SM90_FORCED_CI = {"transposed-rows": ("KDTR_FLASH_XR", "1"), "segments": ("KDTR_FLASH_SEGMENTS", "1")}
+FLASH_SM90_FORCED_CI = {"transposed-rows": "flash-sm90[xr=1]", "work-table": "flash-sm90[segments=1]",
+                  "in-kernel-merge": "flash-sm90[merge=kernel]", "combine-launch": "flash-sm90[merge=combine]"}
 """flash-sm90 paths forced wherever they apply: ci has requests of 65, 68, 130, 257 and 1025 rows
-(transposed rows); segments take the model's best cut even without a gain (decode plans that merge
-in-kernel or take transposed rows keep theirs)."""
+(transposed rows); the work table takes the model's best cut even without a gain (decode plans that merge
+in-kernel or take transposed rows keep theirs); merge=kernel merges in the kernel wherever the grid is
+one wave (decode), merge=combine never."""
 
 
-@pytest.mark.parametrize("path", sorted(SM90_FORCED_CI))
-def test_flash_sm90_passes_ci_with_a_path_forced(path, ci_paths, monkeypatch):
+@pytest.mark.parametrize("path", sorted(FLASH_SM90_FORCED_CI))
+def test_flash_sm90_passes_ci_with_a_path_forced(path, ci_paths):
     """Every ci case passes bit-identically over three launches with the path forced on, as with
-    the plan's own choice."""
+    the plan's own choice (each case in its own child process: the spec's suffix travels in kernel.name)."""
     if device_arch() != "sm_90":
         pytest.skip("flash-sm90 needs an sm_90 GPU")
-    monkeypatch.setenv(*SM90_FORCED_CI[path])
-    rep = run_verify(resolve_kernel("flash-sm90"), ci_paths, repeat=3)
-    assert not rep.failed, _describe(rep)
+    rep = run_verify(resolve_kernel(FLASH_SM90_FORCED_CI[path]), ci_paths, repeat=3)
+    assert rep.kernel == FLASH_SM90_FORCED_CI[path] and not rep.failed, _describe(rep)
     assert sum(r.status is Status.PASS for r in rep.results) >= 10
 
 
@@ -531,7 +479,7 @@ def test_dependent_launch_overlaps_and_its_wait_orders_it(wait):
     from kdtr.kernels.launch import cupy_module, function_ptr, load_function, pdl_enabled
 
     if not pdl_enabled():
-        pytest.skip("dependent launches need sm_90+ (and KDTR_PDL unset or 1)")
+        pytest.skip("dependent launches need sm_90+")
     cp = cupy_module()
     src = Path(__file__).resolve().parents[1] / "cuda" / "pdl_probe.cu"
     primary, secondary = (load_function(src, n).function for n in ("kdtr_pdl_primary", "kdtr_pdl_secondary"))

@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from kdtr.kernels import build_report, cubin, registry as kernels, nvrtc
-from kdtr.kernels.flash import plan as flash_plan
+from kdtr.kernels.flash import combine
 from kdtr.kernels.bugs import Bug
 from kdtr.kernels.build_report import BuildStatus
 from kdtr.cli import main
@@ -34,7 +34,7 @@ def test_shipped_kernels_are_clean_and_read_their_own_launch_constants():
     assert {r["status"] for r in rows} == {"CLEAN"} and all(r["registers"] > 0 for r in rows)
     assert {r["arch"] for r in rows if r["label"] == "flash"} == {"sm_80", "sm_90", "sm_120"}
     assert {r["arch"] for r in rows if r["label"] == "flash-sm90"} == {"sm_90a"}
-    main90 = [r for r in rows if r["kernel"].startswith("kdtr_flash90_verify<")]
+    main90 = [r for r in rows if r["kernel"].startswith("kdtr_flash_sm90_verify<")]
     assert main90 and all(64 * 1024 < r["dynamic_smem"] <= 99 * 1024 for r in main90)  # the 99 KB rule, read back
     assert all(r["dynamic_smem"] == 0 for r in rows if r["kernel"].startswith("kdtr_flash_combine"))
     naive = [r for r in rows if r["label"] == "naive"]
@@ -47,12 +47,12 @@ def test_config_arrays_read_from_the_cubin_match_the_python_side():
     """The flash kernels' config arrays, read from the file (no GPU), agree with the Python side that
     builds their inputs: MAX_T is the caps' max_T, the work tables' widths, the TMA box."""
     for base, (variant, caps) in kernels.FLASH_VARIANTS.items():
-        c = nvrtc.compile_file(variant.source, [flash_plan.COMBINE.format(out="float")], variant.arch or "sm_80")
+        c = nvrtc.compile_file(variant.source, [combine.COMBINE.format(out="float")], variant.arch or "sm_80")
         cfg = variant.read_config(lambda symbol, n: cubin.global_ints(c.cubin, symbol, n))
         assert cfg["MAX_T"] == caps.max_T, base
         assert all(cfg[f"SMEM_MT{mt}"] <= 99 * 1024 for mt in variant.mts), (base, cfg)
         assert cubin.global_ints(c.cubin, "no_such_symbol", 4) is None
-        if "WORK_INTS" in cfg:  # the work / job tables kdtr/kernels/flash/schedule.py writes for the kernel's segments
+        if "WORK_INTS" in cfg:  # the work / job tables kdtr/kernels/flash/schedule.py writes for the kernel's work table
             from kdtr.kernels.flash.schedule import JOB_FIELDS, WORK_FIELDS
 
             assert (cfg["WORK_INTS"], cfg["JOB_INTS"]) == (len(WORK_FIELDS), len(JOB_FIELDS))

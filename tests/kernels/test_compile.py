@@ -77,8 +77,7 @@ def test_no_spills_no_stack_growth(compiled, src, names, arch):
 def test_no_wgmma_serialization(compiled, src, names, arch):
     """ptxas serializes every wgmma of a kernel (an info line, not a warning: C7514 / C7515) when
     it cannot prove accumulators untouched while one is in flight, or injects a wait (C7517): a
-    silent several-fold slowdown (docs/PERF.md, session 7: a second wgmma group waited with
-    wait_group 1 did it)."""
+    silent several-fold slowdown (a second wgmma group waited with wait_group 1 did it)."""
     bad = nvrtc.wgmma_serialized(compiled(src, names, arch).log)
     assert not bad, "\n".join(bad)
 
@@ -86,7 +85,7 @@ def test_no_wgmma_serialization(compiled, src, names, arch):
 MIN_COMBINE_REGISTERS = 64
 """kdtr_flash_combine with fewer registers than this cannot hold a step's partial rows in flight:
 ptxas gave it 32 under __launch_bounds__(256) and issued one split's loads after the last one's
-use, an L2 round trip per split (docs/PERF.md, session 9)."""
+use, an L2 round trip per split."""
 
 
 BATCHED_MERGES = ("kdtr_flash_combine<", "kdtr_flash_combine_narrow<")
@@ -105,7 +104,7 @@ def test_the_split_merge_keeps_its_loads_in_flight(compiled, src, names, arch):
 
 
 def test_wgmma_serialization_lines_are_found():
-    """The lines ptxas printed for flash-sm90's first transposed-rows build (session 7) are caught."""
+    """The lines ptxas printed for flash-sm90's first transposed-rows build are caught."""
     log = (
         "ptxas info    : (C7517) wgmma.wait_group is injected in around line 7936 by compiler to allow use of "
         "registers defined by GMMA in function 'k'\n"
@@ -190,31 +189,35 @@ def test_lineinfo_env_adds_line_tables(monkeypatch, env):
     assert ("-lineinfo" in c.options) == (env == "1")
 
 
-EXPERIMENT_BUILDS = {  # cuda/flash_sm90.cu's documented -D knobs (its header): scripts/sm90_ablate.py times them
-    "stages3": ("-DKDTR_F90_STAGES=3", "-DKDTR_F90_EXPERIMENT"),
-    "stages4": ("-DKDTR_F90_STAGES=4", "-DKDTR_F90_EXPERIMENT"),
-    "no-tma": ("-DKDTR_F90_NO_TMA",),
-    "s-first": ("-DKDTR_F90_S_FIRST=1",),
-    "s-first-stages3": ("-DKDTR_F90_S_FIRST=1", "-DKDTR_F90_STAGES=3", "-DKDTR_F90_EXPERIMENT"),
-    "q-skip": ("-DKDTR_F90_Q_SKIP=1",),
-    "thread-stores": ("-DKDTR_F90_ROW_STORES=0",),
-    "rescale-tau8": ("-DKDTR_F90_RESCALE_TAU=8",),
-    "half-rescale": ("-DKDTR_F90_HALF_RESCALE=1",),
-    "early-alpha-off": ("-DKDTR_F90_EARLY_ALPHA=0",),
-    "early-alpha-all": ("-DKDTR_F90_EARLY_ALPHA=1",),
-    "partial-as-out": ("-DKDTR_PARTIAL_AS_OUT",),
-    "profile": ("-DKDTR_F90_PROFILE",),
-    "combine-batch-8": ("-DKDTR_COMBINE_BATCH=8",),
-}
-
-
 @pytest.mark.nvrtc
-@pytest.mark.parametrize("label", sorted(EXPERIMENT_BUILDS))
-def test_flash_sm90_experiment_builds_compile(label):
-    """The knobs docs/PERF.md reports measurements of keep compiling (3 and 4 stages had stopped: an
-    aliasing assert written for 2 stages), for the plain, merging, transposed-rows and all-transposed
-    (XR_ONLY) variants."""
-    names = ["kdtr_flash90_verify<__nv_bfloat16, 0, 0, 0>", "kdtr_flash90_verify<__nv_bfloat16, 0, 1, 0>",
-             "kdtr_flash90_verify<__nv_bfloat16, 0, 0, 8>", "kdtr_flash90_verify<__nv_bfloat16, 0, 0, 1>"]
-    c = nvrtc.compile_file(kernels.flash.SM90.source, names, "sm_90a", cache=False, options=EXPERIMENT_BUILDS[label])
-    assert set(c.lowered) == set(names)
+def test_the_profile_build_compiles_clean():
+    """flash-sm90 with the one compile switch (-DKDTR_PROFILE, cuda/profile.cuh: tools/profile.py) compiles
+    for every main variant without serialized wgmma and without spills, but for one word in the transposed-rows
+    build (ROWS_EXTRA sits at the register limit; the counters cost it one), and holds the counter array the tool
+    reads; without the switch the array is absent (the shipped builds carry no instrumentation)."""
+    from kdtr.kernels import cubin
+    from kdtr.kernels.flash.kernel import FLASH_SM90, PROFILE_DEFINE
+
+    names = [n for n in kernels.compile_targets((0,))[2][1] if n.startswith("kdtr_flash_sm90_verify<")]
+    assert len(names) == 10
+    c = nvrtc.compile_file(FLASH_SM90.source, names, "sm_90a", cache=False, options=(f"-D{PROFILE_DEFINE}",))
+    assert not c.warnings and not nvrtc.wgmma_serialized(c.log), c.log
+    for n in names:
+        allowed = 4 if n.endswith(", 0, 8>") else 0
+        assert c.resource(n).spill_stores <= allowed and c.resource(n).spill_loads <= allowed, (n, c.resource(n))
+    assert cubin.global_ints(c.cubin, "kdtr_profile", 12) == (0,) * 12
+    plain = nvrtc.compile_file(FLASH_SM90.source, names[:1], "sm_90a")
+    assert cubin.global_ints(plain.cubin, "kdtr_profile", 12) is None
+
+
+def test_no_kernel_source_takes_another_switch():
+    """The kernels' only preprocessor switch is KDTR_PROFILE (and the arch guards of kdtr_common.cuh): no -D
+    experiment knob steers a shipped build."""
+    import re
+
+    from kdtr.kernels.nvrtc import CUDA_DIR
+
+    for path in sorted(CUDA_DIR.glob("*.cu*")):
+        text = path.read_text()
+        switches = set(re.findall(r"#\s*(?:ifn?def|if|elif)\b\s*!?\s*(?:defined\s*\()?\s*(\w+)", text))
+        assert switches <= {"KDTR_PROFILE", "__CUDA_ARCH__"}, (path.name, switches)

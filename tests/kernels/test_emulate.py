@@ -7,7 +7,6 @@ Measured figures are printed (``pytest -rP`` or ``-s`` shows them) for tolerance
 from __future__ import annotations
 
 from functools import lru_cache
-from pathlib import Path
 
 import ml_dtypes
 import numpy as np
@@ -15,7 +14,6 @@ import pytest
 
 from kdtr.golden import tolerances
 from kdtr.kernels.bugs import PLANTED, Bug
-from kdtr.golden.bundle import load_bundle
 from kdtr.inputs.cases import CaseSpec, build_problem
 from kdtr.check.compare import Status, compare
 from kdtr.kernels.emulate import default_split_len, emulate_flash, split_bounds
@@ -235,52 +233,3 @@ def test_bugs_are_noops_where_their_definition_says():
         np.testing.assert_array_equal(run("dsv3-edges-pg1-chain", "fp32", bug)[0][b], base[b])
     # Page 64, P=0, T=17: tokens 0..16 never reach (j + 1) % 64 == 0.
     np.testing.assert_array_equal(run("dsv3-p0", "fp32", Bug.PAGE_OFF_BY_ONE)[0], run("dsv3-p0", "fp32")[0])
-
-
-GOLDEN_CI = Path(__file__).resolve().parents[2] / "goldens" / "ci"
-PEAKED = "dsv3-h1-p0.1.63.64.65-ddtree64m-pg64-bf16-s0"
-"""The ci case whose rows see the fewest keys (prefixes 0-65): the one where a row's largest P matters most."""
-
-
-def emulated_check(case: str, **emulate_kw) -> tuple[Status, float]:
-    """(status, worst element ratio) of goldens/ci's ``case`` emulated with ``emulate_kw``, checked on out as kdtr
-    verify checks it: what an experiment's accuracy cost looks like to the bf16 check."""
-    b = load_bundle(GOLDEN_CI / f"{case}.kdtr")
-    o, _ = emulate_flash(b.problem, b.out_dtype, **emulate_kw)
-    c = compare(o, b.out, tolerances.resolve(b.kv_dtype, b.out_dtype, "out", b.tolerances), "out",
-                depth=b.problem.tree_depth)
-    return c.status, round(c.ratio, 3)
-
-
-@pytest.mark.skipif(not (GOLDEN_CI / f"{PEAKED}.kdtr").exists(), reason="goldens/ci not generated")
-def test_kept_maximum_costs_accuracy_the_check_sees():
-    """flash-sm90's KDTR_F90_RESCALE_TAU experiment (a running max kept unless a tile's exceeds it by more than
-    tau, as FlashAttention 4 does) was 5 % faster on DeepSeek T65 P8k B1 at tau = 8 and failed this ci case on the
-    H200 (docs/PERF.md, session 21). Emulated with flash-sm90's 32-key tiles it fails the same way, with the same
-    worst element (1.045 of its tolerance, 0.642 at tau = 0), and passes at tau = 0 and 3: the bf16 tolerance catches
-    an optimisation that is exact math but no longer rounds the row's largest P (1 under the true maximum) exactly."""
-    ratios = {tau: emulated_check(PEAKED, tile=32, rescale_tau=tau) for tau in (0.0, 3.0, 8.0)}
-    assert ratios[0.0][0] is Status.PASS and ratios[3.0][0] is Status.PASS, ratios
-    assert ratios[8.0][0] is Status.FAIL_NUMERIC and ratios[8.0][1] > 1.0 > ratios[0.0][1], ratios
-
-
-SPLIT_HEAVY = "dsv3-h16-p1.130-ddtree16m-pg64-bf16-s0"
-"""A ci case whose rows mix a short prefix and a 16-node tree: with 32-key splits most rows merge several partials."""
-
-
-@pytest.mark.skipif(not (GOLDEN_CI / f"{SPLIT_HEAVY}.kdtr").exists(), reason="goldens/ci not generated")
-def test_bf16_partials_cost_accuracy_the_check_sees():
-    """flash-sm90's KDTR_PARTIAL_AS_OUT experiment stores the splits' partial rows in bf16 (half the bytes of their
-    round trip; flashinfer keeps partials in the output type). Measured on the H200 it saved 0.5-1.1 us on B1 launches
-    and cost 1 % on DeepSeek T65 P8k B8 (docs/PERF.md, session 22). Emulated, the check shows why fp32 partials stay
-    the default: each partial rounded to bf16 and the merged row rounded again takes this case from 0.588 of the
-    element tolerance to past it once every 32 keys is a split (as the H200's B1 decode launches cut 512-1056 keys)."""
-    ratios = {kind: emulated_check(SPLIT_HEAVY, tile=32, split_len=32, partials=kind) for kind in ("fp32", "bf16")}
-    assert ratios["fp32"][0] is Status.PASS and ratios["fp32"][1] < 0.7, ratios
-    assert ratios["bf16"][0] is Status.FAIL_NUMERIC and ratios["bf16"][1] > 1.0, ratios
-
-
-def test_partials_dtype_is_checked():
-    p, _ = build_problem(CaseSpec(model="kimi-k2", heads=1, prefix_lens=(4,), budget=1))
-    with pytest.raises(ValueError, match="partials"):
-        emulate_flash(p, "bf16", partials="fp16")

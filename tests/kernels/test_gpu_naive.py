@@ -2,7 +2,7 @@
 
 Self-contained: a small Problem builder (random topological trees, shuffled pages, NaN in every
 slot a request does not own) and a direct float64 reference, so these tests depend only on
-kdtr.problem / kdtr.launch / kdtr.kernels.
+kdtr.inputs.problem / kdtr.kernels.launch / kdtr.kernels.registry.
 """
 
 from __future__ import annotations

@@ -9,7 +9,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from kdtr.kernels.flash import plan as flash_plan
+from kdtr.kernels.flash import combine
+from kdtr.kernels.flash.force import RowLayout
 from kdtr.kernels import registry as kernels, launch
 from kdtr.kernels.bugs import PLANTED, Bug
 from kdtr.kernels.python import PyCallableKernel
@@ -143,17 +144,17 @@ def test_compile_targets_cover_every_variant():
         assert f"kdtr_naive_verify<__nv_bfloat16, float, {int(bug)}>" in names
     by_file = {s.name: (n, a) for s, n, a in rest}
     assert by_file["flash.cu"][1] == ("sm_80", "sm_90", "sm_120") and by_file["flash_sm90.cu"][1] == ("sm_90a",)
-    # bug x out dtype x (merge 0/1/2 without transposed rows, rows past 64 or all rows transposed without merge),
-    # + 2 x 8 combines (per chunk, a warp per row or half row, narrow chunks of 32 and 64 columns x 4 and 8 warps,
-    # segments' jobs)
+    # bug x out dtype x (the three merges with 64-row tiles, rows past 64 or all rows transposed with the combine
+    # launch), + 2 x 8 combines (per chunk, a warp per row or half row, narrow chunks of 32 and 64 columns x 4 and
+    # 8 warps, the work table's cut jobs)
     assert len(by_file["flash_sm90.cu"][0]) == 2 * 5 * len(Bug) + 16
     assert "kdtr_flash_combine_rows<float, 2>" in by_file["flash_sm90.cu"][0]
-    for cols in flash_plan.NARROW_COLS:
-        for warps in flash_plan.NARROW_WARPS:
+    for cols in combine.NARROW_COLS:
+        for warps in combine.NARROW_WARPS:
             assert f"kdtr_flash_combine_narrow<float, {cols}, {warps}>" in by_file["flash_sm90.cu"][0]
-    assert "kdtr_flash90_verify<__nv_bfloat16, 0, 0, 8>" in by_file["flash_sm90.cu"][0]
-    assert f"kdtr_flash90_verify<__nv_bfloat16, 5, 0, {flash_plan.XR_ONLY}>" in by_file["flash_sm90.cu"][0]
-    assert "kdtr_flash90_verify<float, 6, 2, 0>" in by_file["flash_sm90.cu"][0]  # segments
+    assert "kdtr_flash_sm90_verify<__nv_bfloat16, 0, 0, 8>" in by_file["flash_sm90.cu"][0]
+    assert f"kdtr_flash_sm90_verify<__nv_bfloat16, 5, 0, {int(RowLayout.TRANSPOSED)}>" in by_file["flash_sm90.cu"][0]
+    assert "kdtr_flash_sm90_verify<float, 6, 2, 0>" in by_file["flash_sm90.cu"][0]  # the work table
     assert "kdtr_flash_combine_jobs<__nv_bfloat16, 64>" in by_file["flash_sm90.cu"][0]
     assert len(by_file["flash.cu"][0]) == 3 * 2 * len(Bug) + 14
 
@@ -197,7 +198,7 @@ def test_launch_imports_without_cupy_and_fails_in_one_line(monkeypatch):
 def test_a_launcher_keeps_its_device_problem_alive(monkeypatch):
     """KdtrParams carries only the inputs' and outputs' addresses: a launcher built on a DeviceProblem
     nobody else holds (``kernel.prepare(device_problem(spec))``) must keep it, or the pool hands its memory
-    to the next allocation and the timed launch reads freed memory (scripts/sol_probe.py faulted so)."""
+    to the next allocation and the timed launch reads freed memory (a bandwidth probe faulted so)."""
     import gc
     import weakref
 
@@ -266,8 +267,5 @@ def test_flash_config_array_matches_the_launcher(base):
     if len(variant.mts) == 1:
         bm = re.search(r"constexpr int BM = (\d+);", text)
         assert bm and int(bm.group(1)) == 16 * variant.mts[0]
-    xr = re.search(r"constexpr int XR_MAX = (\d+);", text)
-    assert (int(xr.group(1)) if xr else 0) == variant.extra_rows
-    if variant.extra_rows:  # the {xr} value of a request whose rows are all transposed
-        xonly = re.search(r"constexpr int XR_ONLY = (\d+);", text)
-        assert xonly and int(xonly.group(1)) == flash_plan.XR_ONLY
+    xr = re.search(r"constexpr int XR_MAX = ROWS_EXTRA;", text)  # RowLayout's values: tests/kernels/test_force.py
+    assert (int(RowLayout.EXTRA) if xr else 0) == variant.extra_rows

@@ -1,6 +1,6 @@
 """Dependent launches (kdtr/kernels/pdl.py), without a GPU: the ctypes structures match cuda.h, arguments
 pack to the bytes cupy would pass, a prepared launch keeps its arguments, and every kernel launched
-dependent opens with its wait. tests/test_gpu_verify.py checks on a GPU that the launch does overlap and the wait
+dependent opens with its wait. tests/check/test_gpu_verify.py checks on a GPU that the launch does overlap and the wait
 orders it."""
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def test_arguments_pack_to_their_bytes():
 
 def test_a_prepared_launch_keeps_its_device_tables_alive():
     """The packed bytes hold only a table's address: were the array itself dropped, the memory pool
-    could hand its memory to the next allocation before the launch (segments' job table did so)."""
+    could hand its memory to the next allocation before the launch (the work table's job table did so)."""
     import gc
     import weakref
 
@@ -82,13 +82,3 @@ def test_every_dependent_kernel_waits_first_and_the_main_kernels_release_them():
         mains = [b for n, b in _kernel_bodies((CUDA_DIR / src).read_text()) if not n.startswith(DEPENDENT_PREFIX)]
         assert mains and all("kdtr::pdl_launch_dependents();" in b for b in mains), src
 
-
-def test_the_tail_launch_waits_for_the_first_grid_before_it_exits():
-    """flash-sm90's XR_ONLY build is launched dependent as the tail launch (kdtr/kernels/flash/kernel.py) and reads
-    nothing the first grid writes, so it does not wait first; the combine launch after it waits for it
-    alone, so its last statement must be the wait (else the combine could read partials of the first
-    grid still being written)."""
-    (body,) = [b for n, b in _kernel_bodies((CUDA_DIR / "flash_sm90.cu").read_text()) if not n.startswith(DEPENDENT_PREFIX)
-               and "kdtr_flash90_verify" in n]
-    last = [ln.strip() for ln in body.splitlines() if ln.strip() and not ln.strip().startswith("//")][-1]
-    assert last == "if (XONLY) kdtr::pdl_wait();"

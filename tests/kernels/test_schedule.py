@@ -1,12 +1,14 @@
-"""Segments (kdtr/kernels/flash/schedule.py) and their choice (kdtr.flash_plan.choose_segments): pure arithmetic, no GPU."""
+"""The work table (kdtr/kernels/flash/schedule.py) and its choice (kdtr/kernels/flash/plan.py's
+choose_work_table): pure arithmetic, no GPU."""
 
 import numpy as np
 import pytest
 
-from kdtr.kernels.flash import schedule
 from kdtr.kernels.bugs import Bug
-from kdtr.kernels.flash.kernel import SM90
-from kdtr.kernels.flash.plan import choose_segments, plan, split_range
+from kdtr.kernels.flash import schedule
+from kdtr.kernels.flash.force import Force
+from kdtr.kernels.flash.kernel import FLASH_SM90
+from kdtr.kernels.flash.plan import Build, Device, Shape, choose_work_table, plan, split_range
 
 SMS, BN = 132, 32
 L2 = 60 * 2**20  # H200 (the device reports 62 914 560 B)
@@ -46,7 +48,7 @@ def test_every_cut_walks_each_key_of_each_job_once(shape):
 
 def test_uniform_pieces_are_the_kernels_split_ranges():
     """The model prices the uniform plan with the partition cuda/flash_split.cuh's split_keys walks
-    (kdtr.flash_plan.split_range, which a GPU test ties to the kernel)."""
+    (kdtr/kernels/flash/plan.py split_range, which a GPU test ties to the kernel)."""
     for P, T, splits in [(8192, 65, 4), (3100, 41, 7), (0, 9, 3), (100, 513, 4)]:
         jobs = schedule.jobs_of(np.array([P]), T, 1, BN)
         pieces = {p.lo: p for p in schedule.uniform_pieces(jobs, splits)}
@@ -98,16 +100,27 @@ def test_longest_first():
     assert sizes == sorted(sizes, reverse=True) and sum(sizes) == 11
 
 
-def sm90_plan(T, H, P, **kw):
-    return plan(len(P), T, H, max(P), SMS, BN, mt=4, can_merge=True, extra_rows=8, **kw)
+def flash_sm90_build(bug=0, tile_ns=FLASH_SM90.tile_ns) -> Build:
+    """flash-sm90's 64-row build on an H200, one CTA an SM; no all-transposed build."""
+    return Build(4, BN, 1, bug, True, 8, 0, tile_ns)
+
+
+def flash_sm90_plan(T, H, P, bug=0, **force):
+    return plan(Shape(len(P), T, H, max(P)), Device(SMS, L2), flash_sm90_build(bug), Force(**force))
+
+
+def table(T, H, P, pl, bug=0, l2=L2, tile_ns=FLASH_SM90.tile_ns, **force):
+    """choose_work_table for prefix lengths P and plan pl; ``force``: Force's fields."""
+    return choose_work_table(np.array(P), Shape(len(P), T, H, max(P)), Device(SMS, l2), flash_sm90_build(bug, tile_ns), pl,
+                             Force(**force))
 
 
 def test_the_136_job_grid_takes_whole_jobs_and_spreads_the_rest():
-    """DeepSeek T65 P8k B8: uniform splits run 544 CTAs, 4.12 waves (session 6); the segments run 132
+    """DeepSeek T65 P8k B8: uniform splits run 544 CTAs, 4.12 waves; the work table runs 132
     whole jobs and spread the other 4 over every SM: the model says ~25 % less."""
     T, H, P = SHAPES["deepseek-t65-p8k-b8"]
-    pl = sm90_plan(T, H, P)
-    seg = choose_segments(np.array(P), T, H, pl, SMS, BN, SM90.tile_ns, l2_bytes=L2)
+    pl = flash_sm90_plan(T, H, P)
+    seg = table(T, H, P, pl)
     assert seg is not None and seg.label.startswith("whole+aligned")
     assert len(seg.split_jobs()) == 4 and sum(p.tail and p.lo == 0 for p in seg.pieces) >= 132
     cut = [p for p in seg.pieces if p.job in seg.split_jobs()]
@@ -127,9 +140,8 @@ def test_the_136_job_grid_takes_whole_jobs_and_spreads_the_rest():
     (65, 16, (131072,) * 8),   # whole jobs of 4099 tiles: measured no faster (WHOLE_MAX_TILES)
     (65, 16, (131072,)),       # drifting cuts of 151 MB of KV: measured slower (L2)
 ])
-def test_segments_stay_out_where_the_uniform_plan_is_as_good(T, H, P):
-    pl = sm90_plan(T, H, P)
-    assert choose_segments(np.array(P), T, H, pl, SMS, BN, SM90.tile_ns, l2_bytes=L2) is None
+def test_the_work_table_stays_out_where_the_uniform_plan_is_as_good(T, H, P):
+    assert table(T, H, P, flash_sm90_plan(T, H, P)) is None
 
 
 def test_drifting_cuts_only_where_the_cut_kv_fits_in_l2():
@@ -138,38 +150,39 @@ def test_drifting_cuts_only_where_the_cut_kv_fits_in_l2():
     measured 185 -> 177 us."""
     T, H = 65, 16
     for P, l2, drifting in [(131072, L2, False), (32768, L2, True), (131072, 10 * L2, True)]:
-        pl = sm90_plan(T, H, (P,))
-        seg = choose_segments(np.array([P]), T, H, pl, SMS, BN, SM90.tile_ns, l2_bytes=l2)
+        pl = flash_sm90_plan(T, H, (P,))
+        seg = table(T, H, (P,), pl, l2=l2)
         assert (seg is not None and seg.label.startswith("stream-k")) == drifting, (P, l2, seg and seg.label)
 
 
 def test_a_forced_split_count_keeps_the_uniform_plan():
     T, H, P = SHAPES["deepseek-t65-p8k-b8"]
-    pl = sm90_plan(T, H, P, splits=7)
-    assert choose_segments(np.array(P), T, H, pl, SMS, BN, SM90.tile_ns, l2_bytes=L2, forced_splits=True) is None
+    pl = flash_sm90_plan(T, H, P, splits=7)
+    assert table(T, H, P, pl, splits=7) is None
+    assert table(T, H, P, pl, splits=7, segments=1) is not None  # unless the work table is forced too
 
 
-def test_forcing_segments():
+def test_forcing_the_work_table():
     T, H, P = SHAPES["t17-short"]
-    pl = sm90_plan(T, H, P)
-    Pa = np.array(P)
-    assert choose_segments(Pa, T, H, pl, SMS, BN, SM90.tile_ns, force="0") is None
-    every = choose_segments(Pa, T, H, pl, SMS, BN, SM90.tile_ns, force="2")
+    pl = flash_sm90_plan(T, H, P)
+    assert table(T, H, P, pl, l2=0, segments=0) is None
+    every = table(T, H, P, pl, l2=0, segments=2)
     assert every is not None and max(schedule.tiles(every.jobs[p.job], p) for p in every.pieces if not p.tail) <= 2
-    assert choose_segments(Pa, T, H, pl, SMS, BN, 0.0, force="2") is None  # the kernel takes no work table
-    merged = sm90_plan(1, 8, (32768,))
-    assert merged.merge and choose_segments(np.array([32768]), 1, 8, merged, SMS, BN, SM90.tile_ns, force="1") is None
+    assert table(T, H, P, pl, l2=0, tile_ns=0.0, segments=2) is None  # the kernel takes no work table
+    assert table(T, H, P, pl, l2=0, segments=1) is not None  # the best cut even without a gain
+    merged = flash_sm90_plan(1, 8, (32768,))
+    assert merged.merge and table(1, 8, (32768,), merged, l2=0, segments=1) is None
 
 
 def test_the_merge_bug_keeps_a_cut_job_or_the_uniform_plan():
-    """The planted merge bug needs a merge: segments without a cut job give way to the uniform plan
+    """The planted merge bug needs a merge: a work table without a cut job gives way to the uniform plan
     (which forces two splits)."""
     T, H = 65, 16
-    pl = sm90_plan(T, H, (64,) * 8, bug=Bug.MERGE_WRONG_MAX)
+    pl = flash_sm90_plan(T, H, (64,) * 8, bug=Bug.MERGE_WRONG_MAX)
     assert pl.splits == 2
-    whole = choose_segments(np.array((64,) * 8), T, H, pl, SMS, BN, SM90.tile_ns, bug=Bug.MERGE_WRONG_MAX, force="40")
+    whole = table(T, H, (64,) * 8, pl, bug=Bug.MERGE_WRONG_MAX, l2=0, segments=40)
     assert whole is None  # every job fits one 40-tile piece: nothing to merge
-    forced = choose_segments(np.array((700,) * 8), T, H, pl, SMS, BN, SM90.tile_ns, bug=Bug.MERGE_WRONG_MAX, force="3")
+    forced = table(T, H, (700,) * 8, pl, bug=Bug.MERGE_WRONG_MAX, l2=0, segments=3)
     assert forced is not None and forced.split_jobs()
 
 
@@ -184,8 +197,3 @@ def test_table_rows_are_as_wide_as_the_kernels_read_them():
     ints = {k: int(v) for k, v in re.findall(r"constexpr int (WORK_INTS|JOB_INTS) = (\d+);", text)}
     assert ints == {"WORK_INTS": len(schedule.WORK_FIELDS), "JOB_INTS": len(schedule.JOB_FIELDS)}
 
-
-def test_a_bad_segments_knob_says_what_it_takes():
-    T, H, P = SHAPES["t17-short"]
-    with pytest.raises(ValueError, match="KDTR_FLASH_SEGMENTS='x'.*0 \\(never\\)"):
-        choose_segments(np.array(P), T, H, sm90_plan(T, H, P), SMS, BN, SM90.tile_ns, force="x")

@@ -1,12 +1,12 @@
 """The KV cache's TMA map spec (pure arithmetic; encoding it needs the CUDA driver, tested on a GPU
-in test_gpu_verify.py), and that its box is the tile the kernel copies."""
+in tests/check/test_gpu_verify.py), and that its box is the tile the kernel copies."""
 
 import re
 
 import pytest
 
 from kdtr.kernels.flash import tma
-from kdtr.kernels.flash.kernel import SM90
+from kdtr.kernels.flash.kernel import FLASH_SM90
 from kdtr.inputs.presets import DK
 
 
@@ -34,12 +34,12 @@ def test_spec_rejects_what_the_copy_engine_cannot_do(kw, what):
 def test_kernel_map_struct_and_box_match_the_host():
     """The kernel's KvTensorMap is CUtensorMap's 16 x u64 (64-byte aligned), and its box is one slab
     of 64 columns: TMA_BOX_COLS, read by the launcher from the config array, is that constant."""
-    text = SM90.source.read_text()
+    text = FLASH_SM90.source.read_text()
     assert re.search(r"struct __align__\(64\) KvTensorMap \{\s*unsigned long long opaque\[16\];", text)
     assert tma.MAP_DTYPE.itemsize == tma.MAP_BYTES == 16 * 8
-    assert re.search(r"constexpr int TMA_BOX_COLS = 64;", text) and "TMA_BOX_COLS" in SM90.config_fields
-    assert "TMA_BOX_SLABS" in SM90.config_fields
-    assert SM90.kv_tensor_map
+    assert re.search(r"constexpr int TMA_BOX_COLS = 64;", text) and "TMA_BOX_COLS" in FLASH_SM90.config_fields
+    assert "TMA_BOX_SLABS" in FLASH_SM90.config_fields
+    assert FLASH_SM90.kv_tensor_map
 
 
 def test_encode_refuses_a_misaligned_address_before_calling_the_driver():

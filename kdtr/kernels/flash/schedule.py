@@ -1,16 +1,16 @@
-"""Segments: a flash-sm90 launch as a list of (request, row tile, key range) pieces, balanced over the SMs.
+"""The work table: a flash-sm90 launch as a list of (request, row tile, key range) pieces, balanced over the SMs.
 
 Why: uniform splits give every (request, row tile) job the same number of equal pieces, so 136 jobs
 on 132 SMs run two waves where 1.03 would do (DeepSeek T65 P8k B8: 544 CTAs, 4.12 waves, the fifth
-nearly empty; docs/PERF.md, session 6). Here a job's prefix tiles are cut anywhere on a tile
-boundary, the pieces go out longest first (the hardware starts each CTA, in grid order, on the first
+nearly empty). Here a job's prefix tiles are cut anywhere on a tile boundary, the pieces go out
+longest first (the hardware starts each CTA, in grid order, on the first
 SM to free up), and a job left in one piece writes its output directly: only cut jobs leave partials
 for the combine (``kdtr_flash_combine_jobs``, cuda/flash_split.cuh).
 
-Pure arithmetic on the shape (testable without a GPU). The cost model is kdtr.flash's (a CTA costs
+Pure arithmetic on the shape (testable without a GPU). The cost model is kdtr/kernels/flash/plan.py's (a CTA costs
 its tiles plus CTA_FIXED_TILES; the combine moves the partials at COMBINE_BYTES_PER_NS), evaluated
 by simulating the in-order dispatch on every SM, for the uniform plan and for each candidate cut;
-the segments are taken only where they beat the uniform plan by MIN_GAIN.
+the work table is taken only where it beats the uniform plan by MIN_GAIN.
 
 L2: the row tiles of a request read the same KV. Cut at the same key boundaries and dispatched side
 by side, they stream it from HBM once; cut at drifting boundaries (stream-K proper), each reads it
@@ -39,7 +39,7 @@ JOB_FIELDS = ("b", "r0", "slot0", "count")
 MAX_PIECES = 256
 """Pieces of one cut job at most (the combine's partial traffic grows with them; uniform splits stop at 256 too)."""
 MIN_GAIN = 0.03
-"""Segments replace the uniform plan only when the model says they save at least this fraction."""
+"""A work table replaces the uniform plan only when the model says it saves at least this fraction."""
 WHOLE_MAX_TILES = 1100
 """Whole jobs (one CTA walking a request's whole prefix) only up to this many tiles. Measured (H200,
 DeepSeek T65 B8): 1027-tile jobs (P32k) ran at the model's pace, 1340 -> 1212 us; 4099-tile jobs
@@ -92,7 +92,7 @@ class Schedule:
     cost_ns: float
     """Model: the last SM's finish (simulated dispatch) plus the combine."""
     label: str
-    """Which cut made it (for logs and docs/PERF.md)."""
+    """Which cut made it (for logs and the docs)."""
 
     @cached_property
     def counts(self) -> np.ndarray:
@@ -259,7 +259,7 @@ def candidates(jobs, slots: int, fits_l2):
 
 def best(jobs, rows: int, rows_per_tile: int, slots: int, uniform_splits: int, model: dict,
          forced_interval: int = 0, kv_bytes=None, l2_bytes: int = 0) -> tuple[Schedule, Schedule]:
-    """(uniform plan, best segments) under the model; ``forced_interval`` > 0 cuts stream-K every that
+    """(uniform plan, best work table) under the model; ``forced_interval`` > 0 cuts stream-K every that
     many tiles whatever it costs (experiments and tests). model: fixed_tiles, ns_per_tile,
     bytes_per_ns, launch_ns. kv_bytes[b]: request b's KV bytes; drifting cuts need their sum over
     the cut requests <= l2_bytes (none without them)."""

@@ -25,18 +25,11 @@ MAP_DTYPE = np.dtype([("opaque", "<u8", (16,))])
 DATA_TYPE_BFLOAT16 = 9
 INTERLEAVE_NONE = 0
 SWIZZLE_128B = 3
-L2_PROMOTION_NONE, L2_PROMOTION_64B, L2_PROMOTION_128B, L2_PROMOTION_256B = 0, 1, 2, 3
-L2_PROMOTIONS = {"none": L2_PROMOTION_NONE, "64": L2_PROMOTION_64B, "128": L2_PROMOTION_128B, "256": L2_PROMOTION_256B}
-"""KDTR_TMA_PROMOTION's values (kdtr/kernels/knobs.py)."""
+L2_PROMOTION_128B = 2
 L2_PROMOTION = L2_PROMOTION_128B
-"""The cache map's L2 promotion: the bytes an L2 miss of a box fetches. A box reads each key's 128-byte slab rows
-slab by slab (1152 bytes apart), and 256-byte promotion made a bare stream of such boxes 7-8 % slower than 128
-bytes, 64 or none (equal), and XR_ONLY's decode 5-8 % slower (docs/PERF.md, session 18)."""
-
-
-def l2_promotion(name: str = "") -> int:
-    """The CUtensorMapL2promotion value of an L2_PROMOTIONS name; "" the default (L2_PROMOTION)."""
-    return L2_PROMOTIONS[name] if name else L2_PROMOTION
+"""The cache map's L2 promotion (CUtensorMapL2promotion): the bytes an L2 miss of a box fetches. A box reads
+each key's 128-byte slab rows slab by slab (1152 bytes apart), and 256-byte promotion made a bare stream of
+such boxes 7-8 % slower than 128 bytes, 64 or none (equal), and the all-transposed decode 5-8 % slower."""
 OOB_FILL_ZEROS = 0
 SWIZZLE_128B_ROW_BYTES = 128
 
@@ -96,9 +89,8 @@ def _encode_fn():
     return fn
 
 
-def encode(spec: KvMapSpec, address: int, l2_promotion: int = L2_PROMOTION) -> np.ndarray:
-    """The CUtensorMap of ``spec`` over device memory at ``address``, as a kernel argument. ``l2_promotion``:
-    CUtensorMapL2promotion (0 none, 1-3 64 / 128 / 256 bytes; scripts/sm_speed.py compares them)."""
+def encode(spec: KvMapSpec, address: int) -> np.ndarray:
+    """The CUtensorMap of ``spec`` over device memory at ``address``, as a kernel argument."""
     if address % 16:
         raise TmaUnavailable(f"cache address {address:#x} is not 16-byte aligned")
     fn = _encode_fn()
@@ -107,7 +99,7 @@ def encode(spec: KvMapSpec, address: int, l2_promotion: int = L2_PROMOTION) -> n
     u32, u64, rank = ctypes.c_uint32, ctypes.c_uint64, 3
     rc = fn(raw.ctypes.data + start, DATA_TYPE_BFLOAT16, rank, address, (u64 * rank)(*spec.dims),
             (u64 * (rank - 1))(*spec.strides), (u32 * rank)(*spec.box), (u32 * rank)(*([1] * rank)), INTERLEAVE_NONE,
-            SWIZZLE_128B, l2_promotion, OOB_FILL_ZEROS)
+            SWIZZLE_128B, L2_PROMOTION, OOB_FILL_ZEROS)
     if rc != 0:
         raise TmaUnavailable(f"cuTensorMapEncodeTiled refused {spec} (CUresult {rc})")
     out = np.zeros(1, MAP_DTYPE)

@@ -1,0 +1,129 @@
+"""From a kernel spec to the launches it makes, without a GPU: FlashKernel.steps on a faked launch layer
+(an H200's properties, loaded kernels with ptxas's registers for their build), for the plan's own
+choices and for each branch a Force suffix selects."""
+
+from __future__ import annotations
+
+import types
+
+import numpy as np
+import pytest
+
+from kdtr.kernels import launch
+from kdtr.kernels.flash import tma
+from kdtr.kernels.launch_types import Step
+from kdtr.kernels.registry import resolve_kernel
+
+H200_SMS = 132
+CONFIGS = {
+    "flash-sm90": dict(BN=32, STAGES=2, MAX_T=1280, SMEM_MT4=101280, THREADS_MT4=384, COMBINE_THREADS=256,
+                       COMBINE_MAX_CHUNKS=4, TMA_BOX_COLS=64, TMA_BOX_SLABS=9, COMBINE_ROWS_MAX_SPLITS=32, WORK_INTS=6,
+                       JOB_INTS=4, NARROW_BATCH=9, COMBINE_ROWS_BATCH=4),
+    "flash": dict(BN=16, STAGES=3, MAX_T=1280, SMEM_MT1=61400, SMEM_MT2=62300, SMEM_MT4=68200, THREADS_MT1=128,
+                  THREADS_MT2=128, THREADS_MT4=256, COMBINE_THREADS=256, COMBINE_MAX_CHUNKS=4,
+                  COMBINE_ROWS_MAX_SPLITS=32, NARROW_BATCH=9, COMBINE_ROWS_BATCH=4),
+}
+"""The config arrays as the kernels export them (tests/kernels/test_build_report.py reads the real ones)."""
+
+
+@pytest.fixture
+def faked(monkeypatch):
+    """spec, (B, T, H, P) -> [(name expression, grid, dependent)] of its launches (+ the steps themselves)."""
+    monkeypatch.setattr(launch, "device_info", lambda: {"sm_count": H200_SMS, "regs_per_sm": 65536, "cc": "sm_90",
+                                                        "smem_per_sm": 233472, "l2_bytes": 60 << 20})
+    monkeypatch.setattr(launch, "device_ints", lambda a: a)
+
+    def load(source, expr, arch=None, options=(), dependent=False):  # all rows transposed 56 registers, the merges 80, the rest 168
+        regs = 80 if expr.startswith("kdtr_flash_combine") else 56 if expr.endswith(", 0, 1>") else 168
+        compiled = types.SimpleNamespace(resources={"k": types.SimpleNamespace(registers=regs, shared_bytes=0)},
+                                         lowered={expr: "k"})
+        return launch.Loaded(None, None, compiled, launch.DEFAULT_LAUNCH, dependent)
+
+    monkeypatch.setattr(launch, "load_function", load)
+    monkeypatch.setattr(tma, "encode", lambda spec, ptr: spec)  # the driver encodes it on a GPU
+
+    def run(spec: str, B: int, T: int, H: int, P: int, full: bool = False):
+        k = resolve_kernel(spec)
+        k._config = CONFIGS[k.variant.label]
+        pages = B * -(-max(P, 1) // 64)
+        prob = types.SimpleNamespace(B=B, T=T, H=H, prefix_lens=np.full(B, P, np.int64), page_size=64,
+                                     kv_cache=np.empty((pages, 64, 1), np.uint8))  # [pages, page_size, ...]: shape only
+        kv = types.SimpleNamespace(data=types.SimpleNamespace(ptr=0))
+        steps, ws, splits = k.steps(types.SimpleNamespace(problem=prob, out_dtype="bf16", kv_cache=kv))
+        assert all(isinstance(s, Step) for s in steps)
+        if k.variant.kv_tensor_map:  # the main kernel takes the cache's tensor map: one box is one 32-key tile
+            assert steps[0].args[0] == tma.kv_map_spec(pages, 64, 576, 64, 32, 9)
+        made = [(*s.loaded.compiled.lowered, tuple(s.grid), s.loaded.dependent) for s in steps]
+        return (made, steps, ws, splits) if full else made
+
+    return run
+
+
+def test_the_plans_own_choices(faked):
+    """Kimi decode B1 takes the all-transposed build and the narrow combine launch (32-column chunks, 8
+    warps), dependent on it; B32 P128k the 128-column combine; T9 B1 two 64-row tiles and the narrow merge
+    at 64 columns, 4 warps."""
+    main, combine = faked("flash-sm90", 1, 1, 8, 131072)
+    assert main == ("kdtr_flash_sm90_verify<__nv_bfloat16, 0, 0, 1>", (1, 241, 1), False)
+    assert combine == ("kdtr_flash_combine_narrow<__nv_bfloat16, 32, 8>", (8, 1, 16), True)
+    main, combine = faked("flash-sm90", 32, 1, 8, 131072)
+    assert main[:2] == ("kdtr_flash_sm90_verify<__nv_bfloat16, 0, 0, 1>", (1, 33, 32))
+    assert combine[0].startswith("kdtr_flash_combine<") and combine[2]
+    t9 = faked("flash-sm90", 1, 9, 8, 32768)
+    assert t9[0][0].endswith(", 0, 0>") and t9[0][1][0] == 2 and len(t9) == 2
+    assert t9[1][:2] == ("kdtr_flash_combine_narrow<__nv_bfloat16, 64, 4>", (72, 1, 8))
+
+
+def test_xr_0_keeps_the_64_row_build_which_merges_in_the_kernel(faked):
+    (one,) = faked("flash-sm90[xr=0]", 1, 1, 8, 131072)
+    assert one[0] == "kdtr_flash_sm90_verify<__nv_bfloat16, 0, 1, 0>" and one[1][0] == 1
+    assert faked("flash-sm90[xr=0]", 32, 1, 8, 131072)[0][0].endswith(", 0, 0>")
+
+
+def test_merge_kernel_and_merge_combine(faked):
+    """merge=kernel: decode merges in the kernel (no all-transposed build); merge=combine: the 64-row
+    decode plan that would merge in the kernel takes the combine launch."""
+    (one,) = faked("flash-sm90[merge=kernel]", 1, 1, 8, 131072)
+    assert one[0] == "kdtr_flash_sm90_verify<__nv_bfloat16, 0, 1, 0>"
+    main, combine = faked("flash-sm90[xr=0,merge=combine]", 1, 1, 8, 131072)
+    assert main[0] == "kdtr_flash_sm90_verify<__nv_bfloat16, 0, 0, 0>" and combine[0].startswith("kdtr_flash_combine")
+
+
+def test_xr_1_takes_transposed_rows_wherever_they_apply(faked):
+    (main, combine) = faked("flash-sm90[xr=1]", 1, 9, 8, 32768)  # the model keeps two 64-row tiles here
+    assert main[0] == "kdtr_flash_sm90_verify<__nv_bfloat16, 0, 0, 8>" and main[1][0] == 1
+
+
+def test_forced_splits_and_combine_kernel(faked):
+    made, steps, ws, splits = faked("flash-sm90[splits=7,merge=combine,combine=rows]", 1, 65, 16, 1500, full=True)
+    assert splits == 7 and made[0][1][1] == 7
+    assert made[1][0] == "kdtr_flash_combine_rows<__nv_bfloat16, 2>"
+    made = faked("flash[splits=300,combine=narrow64]", 2, 1, 8, 11000)
+    assert made[1][0] == "kdtr_flash_combine_narrow<__nv_bfloat16, 64, 8>"
+
+
+def test_segments_force_the_work_table(faked):
+    """segments=3: a stream-K cut every 3 tiles, the work-table build (Merge.WORK_TABLE) over one CTA a
+    piece, then the cut jobs' merge; segments=0 keeps the uniform grid."""
+    made, steps, ws, slots = faked("flash-sm90[segments=3]", 2, 65, 16, 1500, full=True)
+    assert made[0][0] == "kdtr_flash_sm90_verify<__nv_bfloat16, 0, 2, 0>" and slots > 1
+    assert made[1][0] == "kdtr_flash_combine_jobs<__nv_bfloat16, 64>" and made[1][2]
+    work = steps[0].args[1]
+    assert work.shape[1] == 6 and made[0][1] == (len(work), 1, 1)
+    assert faked("flash-sm90[segments=0]", 2, 65, 16, 1500)[0][0].endswith(", 0, 0>")
+
+
+@pytest.mark.parametrize("mt", [1, 2, 4])
+def test_flash_takes_the_forced_row_tile(faked, mt):
+    made = faked(f"flash[mt={mt}]", 2, 9, 8, 3000)
+    assert made[0][0] == f"kdtr_flash_verify<{mt}, __nv_bfloat16, 0>"
+
+
+@pytest.mark.parametrize("spec", ["flash-sm90[xr=1,splits=3]", "flash-sm90-bug=merge-wrong-max[segments=5]",
+                                  "flash[mt=2,splits=4]", "flash-sm90[merge=kernel,combine=narrow]"])
+def test_the_spec_round_trips_through_the_kernels_name(faked, spec):
+    """A child process (isolation) resolves the kernel again from kernel.name: same force, same launches."""
+    k = resolve_kernel(spec)
+    again = resolve_kernel(k.name)
+    assert again.name == k.name and again.force == k.force and again.bug == k.bug
+    assert faked(k.name, 2, 9, 8, 3000) == faked(spec, 2, 9, 8, 3000)
