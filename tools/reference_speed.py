@@ -1,7 +1,7 @@
-"""Reference speed and memory: how close the float64 oracle runs to numpy's own matmul rate.
+"""Reference speed and memory: how close the float64 oracle runs to numpy's own matmul rate (CPU only).
 
-    .venv/bin/python benchmarks/reference_speed.py            # rate vs numpy dgemm (P=32k, H=16, T=65)
-    .venv/bin/python benchmarks/reference_speed.py --memory   # also peak RSS of a 128k x (16*257 rows) case
+    .venv/bin/python tools/reference_speed.py            # rate vs numpy dgemm (P=32k, H=16, T=65)
+    .venv/bin/python tools/reference_speed.py --memory   # also peak RSS of a 128k x (16*257 rows) case
 
 Rate = FLOPs over visible (q, key) pairs, 2*H*sum_t(P + depth_t + 1)*(576+512), over wall time.
 The float64 matmul peak is measured in the same run on a large square product.
@@ -48,7 +48,7 @@ def peak_memory(P: int, H: int, budget: int) -> dict:
     """Build + reference of one case in a child process; its peak RSS (ru_maxrss)."""
     code = (
         "import resource, time, json\n"
-        "from kdtr.inputs.cases import CaseSpec, build_problem\nfrom kdtr.reference import reference\n"
+        "from kdtr.inputs.cases import CaseSpec, build_problem\nfrom kdtr.golden.reference import reference\n"
         f"p,_ = build_problem(CaseSpec(heads={H}, prefix_lens=({P},), budget={budget}))\n"
         "r0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
         "t = time.perf_counter(); reference(p); t = time.perf_counter() - t\n"
