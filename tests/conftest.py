@@ -1,9 +1,12 @@
-"""What the tests need of the machine, declared once as markers, and the paths they share.
+"""What the tests need of the machine, declared once as markers, and the paths and fixtures they share.
 
 - ``@pytest.mark.gpu``: a CUDA GPU and cupy; skipped cleanly where there is none (CI).
 - ``@pytest.mark.nvrtc``: NVRTC and the CUDA headers (``pip install 'kdtr[nvrtc]'``); compile-only,
   so these run in CI.
 - ``@pytest.mark.sanitizer``: compute-sanitizer (a CUDA toolkit, or ``pip install 'kdtr[sanitizer]'``).
+
+Fixtures: ``kdtr`` runs the command line in this process (stdout and stderr apart); ``small_dir``
+is a folder of three small bundles (two bf16 cases emulate-flash takes, one fp32 it SKIPs).
 
 tests/ is on sys.path (this file's folder), so tests and their child processes import
 ``kernels_for_tests``.
@@ -48,3 +51,36 @@ def pytest_collection_modifyitems(config, items):
             if item.get_closest_marker(marker) and (why := _missing(marker)):
                 item.add_marker(pytest.mark.skip(reason=why))
                 break
+
+
+SMALL_CASES = [
+    dict(model="kimi-k2", heads=2, prefix_lens=(0, 1, 63, 64, 65, 130), budget=4, page_size=16),
+    dict(model="deepseek-v3", heads=2, prefix_lens=(70,), family="chain", budget=8, page_size=16),
+    dict(model="kimi-k2", heads=1, prefix_lens=(5,), family="star", budget=3, page_size=1, kv_dtype="fp32",
+         out_dtype="fp32"),
+]
+"""Two bf16 cases emulate-flash takes (one with a long prefix list in its name) and one fp32 it SKIPs."""
+
+
+def _invoke(*args, **kw):
+    from click.testing import CliRunner
+
+    from kdtr.cli import main
+
+    return CliRunner().invoke(main, [str(a) for a in args], **kw)
+
+
+@pytest.fixture
+def kdtr():
+    """kdtr(*ARGS): `kdtr ARGS` run in this process; the click Result (stdout and stderr apart)."""
+    return _invoke
+
+
+@pytest.fixture(scope="session")
+def small_dir(tmp_path_factory) -> Path:
+    from kdtr.golden.generate import generate
+    from kdtr.inputs.cases import CaseSpec
+
+    out = tmp_path_factory.mktemp("small")
+    generate([CaseSpec(**kw) for kw in SMALL_CASES], out)
+    return out

@@ -8,8 +8,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kdtr.check.case import CaseResult, verify_bundle
+from kdtr.check.compare import Status
 from kdtr.errors import InputError
 from kdtr.golden.bundle import load_bundle
+from kdtr.golden.tolerances import check_overrides
+from kdtr.kernels.python import MISSING_LSE
 
 
 def preflight(kernel) -> None:
@@ -49,6 +52,8 @@ class VerifyReport:
     """Each case ran in its own child process."""
     sanitizer: str | None = None
     """compute-sanitizer tool every case ran under, or None."""
+    lse_checked: bool = True
+    """False for a kernel that does not write lse (kdtr_writes_lse = False): only out was judged."""
 
     @property
     def counts(self) -> dict[str, int]:
@@ -66,7 +71,7 @@ class VerifyReport:
         return {
             "kernel": self.kernel, "device": self.device, "seconds": self.seconds, "counts": self.counts,
             "failed": self.failed, "isolated": self.isolated, "sanitizer": self.sanitizer,
-            "results": [r.to_json() for r in self.results],
+            "lse_checked": self.lse_checked, "results": [r.to_json() for r in self.results],
         }
 
 
@@ -80,8 +85,10 @@ def run_verify(kernel, paths: list[Path], repeat: int = 1, overrides: dict | Non
     a crash is RUNTIME_ERROR, no result within ``timeout`` seconds (None: kdtr.isolate's
     default_timeout per case) is TIMEOUT. sanitize: a compute-sanitizer tool (memcheck,
     racecheck, initcheck, synccheck) to run each child under; implies isolate. InputError
-    when it is unknown or compute-sanitizer is not installed.
+    when it is unknown or compute-sanitizer is not installed, or when a tolerance override could
+    not fail (NaN, infinite, negative: kdtr.golden.tolerances.check_overrides), before any case runs.
     """
+    check_overrides(overrides)
     t0 = time.perf_counter()
     isolate = isolate or bool(sanitize)
     if isolate:
@@ -94,8 +101,18 @@ def run_verify(kernel, paths: list[Path], repeat: int = 1, overrides: dict | Non
             r = iso.run_case(kernel, spec or kernel.name, path, repeat, overrides, timeout, sanitizer)
         else:
             r = verify_bundle(kernel, load_bundle(path), repeat=repeat, overrides=overrides)
-        results.append(r)
+        results.append(_explain_missing_lse(r))
         if on_case:
             on_case(r)
     return VerifyReport(kernel.name, results, time.perf_counter() - t0, getattr(kernel, "device", "cpu"),
-                        isolated=isolate, sanitizer=sanitize or None)
+                        isolated=isolate, sanitizer=sanitize or None, lse_checked=bool(kernel.writes_lse))
+
+
+def _explain_missing_lse(r: CaseResult) -> CaseResult:
+    """A SHAPE failure because lse came back missing (a Python callable returning out alone) names its fix."""
+    for c in r.checks:
+        if c.output == "lse" and c.status is Status.SHAPE and c.message.startswith("lse: shape None"):
+            c.message = f"{c.message}: {MISSING_LSE}"
+            if r.message.startswith("lse: shape None"):
+                r.message = c.message
+    return r

@@ -12,22 +12,22 @@ import sys
 
 
 def main(argv: list[str]) -> int:
-    from kdtr.cli import commands, report
-    from kdtr.kernels.registry import builtin_names
+    from kdtr.cli import report
+    from kdtr.cli.verify import verify_run
     from kdtr.kernels.launch import device_arch, gpu_available, gpu_unavailable_reason
+    from kdtr.kernels.registry import builtin_names
 
     target = argv[0] if argv else "smoke"
     if gpu_available():
         hopper = ("flash-sm90",) if device_arch() == "sm_90" else ()  # it SKIPs (so fails) elsewhere
         kernels = [k for k in ("naive", "flash", *hopper) if k in builtin_names()]
     else:
-        report.note(f"[bold yellow]No GPU found[/] ({report.escape(gpu_unavailable_reason())}): running [bold]emulate-flash[/], "
-                    "the CPU emulation of the bf16 flash kernel, instead of the CUDA kernels.")
+        report.notice("No GPU found", f"({gpu_unavailable_reason()}): running emulate-flash, the CPU emulation of "
+                      "the bf16 flash kernel, instead of the CUDA kernels.")
         kernels = ["emulate-flash"]
     failed = False
     for k in kernels:
-        rep = commands.verify_run(k, [target], repeat=1, overrides={}, json_file=None)
-        failed |= rep.failed
+        failed |= verify_run(k, [target]).failed
     return 1 if failed else 0
 
 

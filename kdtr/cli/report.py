@@ -1,17 +1,22 @@
-"""Rendering: the only module that imports rich.
+"""Rendering: the only module that imports rich, and the only one that writes rich markup.
 
 Commands hand plain data (dataclasses, dicts) to one of these functions; every table goes
-through ``table`` so that styles and number formats stay the same everywhere.
+through ``table`` so that styles and number formats stay the same everywhere. Table cells are
+markup: plain text goes in through ``escape``, styled text through ``status_text``, ``best``
+and ``warn``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 from typing import Iterable, Sequence
 
+from rich import box
 from rich.console import Console
 from rich.markup import escape as _escape
+from rich.measure import Measurement
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.tree import Tree as RichTree
@@ -23,7 +28,15 @@ STATUS_STYLE = {
     "DIFFERS": "bold red", "CLEAN": "bold green", "STACK": "yellow", "SPILLS": "bold red", "WGMMA_SERIALIZED": "bold red",
 }
 
-_console = Console(highlight=False, soft_wrap=False, width=None if sys.stdout.isatty() else 200)
+def _width() -> int | None:
+    """The terminal's width on a terminal; else $COLUMNS, or 200 (files and pipes)."""
+    if sys.stdout.isatty():
+        return None
+    cols = os.environ.get("COLUMNS", "")
+    return int(cols) if cols.isdigit() and int(cols) >= 40 else 200
+
+
+_console = Console(highlight=False, soft_wrap=False, width=_width())
 _err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
@@ -42,11 +55,37 @@ def error(message: str) -> None:
 
 
 def note(message: str) -> None:
-    _console.print(message)
+    """A line of plain text (no markup)."""
+    _console.print(message, markup=False)
+
+
+def notice(head: str, message: str) -> None:
+    """A highlighted head, then plain text: what a reader must not miss (e.g. no GPU here)."""
+    _console.print(f"[bold yellow]{escape(head)}[/] {escape(message)}")
+
+
+def details(title: str, items: Iterable[tuple[str, str]]) -> None:
+    """``label: text`` lines under a table, each wrapped to the terminal (long messages)."""
+    items = list(items)
+    if not items:
+        return
+    _console.print(f"[bold]{escape(title)}[/]")
+    for label, text in items:
+        _console.print(f"  [bold]{escape(label)}[/]: {escape(text)}", soft_wrap=False)
 
 
 def status_text(status: str) -> str:
     return f"[{STATUS_STYLE.get(status, 'white')}]{status}[/]"
+
+
+def best(text: str) -> str:
+    """A table cell marked as the best of its group."""
+    return f"[bold green]{escape(text)}[/]"
+
+
+def warn(text: str) -> str:
+    """A table cell holding a warning or a failure's text."""
+    return f"[yellow]{escape(text)}[/]"
 
 
 def fmt(x, digits: int = 3) -> str:
@@ -59,20 +98,34 @@ def fmt(x, digits: int = 3) -> str:
     return str(x)
 
 
-def table(title: str, columns: Sequence[str], rows: Iterable[Sequence], right: Sequence[str] = (), caption: str | None = None) -> None:
-    """The one table helper: a title, header, rows of already-formatted cells."""
-    t = Table(title=title, caption=caption, header_style="bold cyan", show_lines=False)
+def table(title: str, columns: Sequence[str], rows: Iterable[Sequence], right: Sequence[str] = (), caption: str | None = None,
+          no_wrap: Sequence[str] = (), wide: bool = False) -> None:
+    """The one table helper: a title, header, rows of already-formatted cells (markup). Columns in
+    ``no_wrap`` are never folded (statuses, figures); the others fold to fit the terminal, unless
+    ``wide``: then nothing folds and lines run past a narrow terminal."""
+    t = Table(title=escape(title), caption=escape(caption) if caption else None, header_style="bold cyan",
+              show_lines=False, box=box.SIMPLE_HEAD, show_edge=False, title_justify="left", caption_justify="left")
     for c in columns:
-        t.add_column(c, justify="right" if c in right else "left", overflow="fold")
+        t.add_column(escape(c), justify="right" if c in right else "left", overflow="fold", no_wrap=wide or c in no_wrap)
     for r in rows:
         t.add_row(*[c if isinstance(c, str) else fmt(c) for c in r])
-    _console.print(t)
+    if wide:  # rich caps a print at the console's width: widen the console for this table alone
+        natural = Measurement.get(_console, _console.options.update_width(1 << 16), t).maximum
+        old, _console.width = _console.width, max(_console.width, natural)
+        try:
+            _console.print(t, crop=False)
+        finally:
+            _console.width = old
+    else:
+        _console.print(t)
+    _console.print()
 
 
 @contextlib.contextmanager
-def progress(total: int, label: str):
-    """A progress bar; yields advance(text) to call once per finished item."""
-    if not sys.stdout.isatty():
+def progress(total: int, label: str, show: bool = True):
+    """A progress bar on a terminal (show=False: none, e.g. while JSON goes to stdout); yields
+    advance(text) to call once per finished item."""
+    if not show or not sys.stdout.isatty():
         yield lambda text="": None
         return
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -82,7 +135,7 @@ def progress(total: int, label: str):
 
 
 def kv_table(title: str, pairs: Iterable[tuple[str, object]]) -> None:
-    table(title, ["field", "value"], [(k, fmt(v) if not isinstance(v, str) else v) for k, v in pairs])
+    table(title, ["field", "value"], [(escape(k), escape(fmt(v) if not isinstance(v, str) else v)) for k, v in pairs])
 
 
 def tree_picture(parent, depth, labels=None, max_nodes: int = 64) -> None:

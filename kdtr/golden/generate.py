@@ -12,9 +12,16 @@ the listed sha256, and each ``*.kdtr`` file is complete. Per case, in this order
 
 So a kill leaves at worst a temporary file, which the next ``generate`` in that directory
 removes once its writer is gone, or a complete bundle not listed (yet), which ``check`` reports
-and the next ``generate`` of that case lists. Cases that would not fit in host memory are
-refused before anything is written (kdtr.resources). ``check`` regenerates bundles and proves
-they are reproducible: inputs byte-identical, outputs within 1e-12 relative.
+and the next ``generate`` of that case lists. Ctrl-C ends the pool's workers at once (they are
+writers like any other: their temporary files go, finished bundles stay listed). Cases that
+would not fit in host memory are refused before anything is written (kdtr.resources).
+
+``check`` regenerates bundles and proves they are reproducible: inputs byte-identical, outputs
+within 1e-12 relative. The float64 reference's last bits are not reproducible byte for byte: they
+depend on the machine (BLAS kernels, SIMD paths) and even on what the process allocated before.
+So ``generate`` keeps an existing bundle that the fresh build reproduces in check's sense (and
+that is listed with its checksum, with the same metadata): regenerating committed goldens, on any
+machine, leaves them byte for byte as they are.
 """
 
 from __future__ import annotations
@@ -33,7 +40,7 @@ import numpy as np
 from kdtr.version import __version__
 from kdtr.golden import tolerances
 from kdtr.golden.atomic import atomic_write_bytes, publish, remove_stale_temps, temp_path
-from kdtr.golden.bundle import Bundle, BundleError, file_sha256, load_bundle, save_bundle
+from kdtr.golden.bundle import Bundle, BundleError, file_sha256, load_bundle, read_meta, save_bundle
 from kdtr.inputs.cases import CaseSpec, build_problem, draft_logp
 from kdtr.golden.reference import reference
 from kdtr.golden.resources import check_fits
@@ -63,6 +70,8 @@ class GenResult:
     """The case."""
     staged: str | None = None
     """The complete temporary file, until generate renames it onto path (then None)."""
+    kept: bool = False
+    """The bundle already at path reproduced the fresh build, so it was left as it is."""
 
 
 def build_bundle(spec: CaseSpec, keep_exact: bool = False) -> Bundle:
@@ -88,14 +97,39 @@ def build_bundle(spec: CaseSpec, keep_exact: bool = False) -> Bundle:
     return Bundle(path=None, problem=prob, out=out, lse=lse, draft_logp=draft_logp(tlist), meta=meta)
 
 
-def stage_case(spec: CaseSpec, out_dir: str | os.PathLike) -> GenResult:
-    """Build a case and write it, complete and fsynced, under a temporary name next to its target."""
+def stage_case(spec: CaseSpec, out_dir: str | os.PathLike, entry: dict | None = None) -> GenResult:
+    """Build a case and write it, complete and fsynced, under a temporary name next to its target;
+    or keep the bundle already there (manifest entry ``entry``) when it reproduces the build."""
     t0 = time.perf_counter()
-    bnd = build_bundle(spec)
+    bnd = build_bundle(spec, keep_exact=True)
     path = Path(out_dir) / f"{spec.name}.kdtr"
+    if reproduces(path, entry, bnd):
+        return GenResult(spec.name, str(path), entry["sha256"], entry["bytes"], time.perf_counter() - t0, spec, kept=True)
     staged = temp_path(path)
     sha = save_bundle(staged, bnd.problem, bnd.out, bnd.lse, bnd.meta, draft_logp=bnd.draft_logp, atomic=False)
     return GenResult(spec.name, str(path), sha, os.stat(staged).st_size, time.perf_counter() - t0, spec, staged)
+
+
+def _entry(sha256: str, nbytes: int, spec: CaseSpec) -> dict:
+    """A bundle's manifest entry."""
+    return {"sha256": sha256, "bytes": nbytes, "case": spec.to_json()}
+
+
+def reproduces(path: Path, entry: dict | None, fresh: Bundle) -> bool:
+    """Whether the file at ``path`` is the bundle ``fresh`` (an exact build) would be: listed in the
+    manifest with its checksum and size, the same metadata, and check's criteria (differences)."""
+    if entry is None or not path.is_file():
+        return False
+    spec = CaseSpec.from_json(fresh.meta["spec"])
+    try:
+        meta = read_meta(path)
+        if any(meta.get(k) != v for k, v in json.loads(json.dumps(fresh.meta)).items()):
+            return False
+        if entry != _entry(file_sha256(path), path.stat().st_size, spec):
+            return False
+        return not differences(load_bundle(path), fresh)
+    except (BundleError, OSError):
+        return False
 
 
 def read_manifest(out_dir: str | os.PathLike) -> dict:
@@ -120,14 +154,19 @@ def _write_manifest(out_dir: Path, man: dict) -> None:
 def _record(out_dir: Path, results: Iterable[GenResult]) -> None:
     man = read_manifest(out_dir)
     for r in results:
-        man["bundles"][Path(r.path).name] = {"sha256": r.sha256, "bytes": r.nbytes, "case": r.spec.to_json()}
+        man["bundles"][Path(r.path).name] = _entry(r.sha256, r.nbytes, r.spec)
     _write_manifest(out_dir, man)
 
 
 def _install(out_dir: Path, r: GenResult) -> None:
-    """Steps 2-4 of the module docstring: unlist a differing entry, rename the staged file in, list it."""
+    """Steps 2-4 of the module docstring: unlist a differing entry, rename the staged file in, list it.
+    A kept bundle is only (re)listed, where another generator changed its entry meanwhile."""
     with _locked(out_dir):
         man = read_manifest(out_dir)
+        if r.kept:
+            if man["bundles"].get(Path(r.path).name) != _entry(r.sha256, r.nbytes, r.spec):
+                _record(out_dir, [r])
+            return
         entry = man["bundles"].get(Path(r.path).name)
         if entry is not None and entry.get("sha256") != r.sha256:
             del man["bundles"][Path(r.path).name]
@@ -186,6 +225,8 @@ def generate(
     check_fits(specs, force=force, jobs=jobs)
     out.mkdir(parents=True, exist_ok=True)
     remove_stale_temps(out)
+    listed = read_manifest(out)["bundles"]
+    entries = [listed.get(f"{s.name}.kdtr") for s in specs]
     results: list[GenResult] = []
 
     def done(r: GenResult) -> None:
@@ -198,20 +239,35 @@ def generate(
             on_done(r)
 
     if jobs <= 1 or len(specs) <= 1:
-        for s in specs:
-            done(stage_case(s, out))
+        for s, e in zip(specs, entries):
+            done(stage_case(s, out, e))
     else:
-        with ProcessPoolExecutor(max_workers=jobs) as pool:
-            futs = [pool.submit(stage_case, s, out) for s in specs]
-            try:
-                for f in as_completed(futs):
-                    done(f.result())
-            except BaseException:
-                pool.shutdown(wait=True, cancel_futures=True)  # then drop what finished unpublished
-                _discard(f.result() for f in futs if f.done() and not f.cancelled() and f.exception() is None)
-                raise
+        pool = ProcessPoolExecutor(max_workers=jobs)
+        futs = [pool.submit(stage_case, s, out, e) for s, e in zip(specs, entries)]
+        try:
+            for f in as_completed(futs):
+                done(f.result())
+        except BaseException:  # Ctrl-C, or a case that failed: stop now, drop what is unpublished
+            _stop(pool)
+            _discard(f.result() for f in futs if f.done() and not f.cancelled() and f.exception() is None)
+            remove_stale_temps(out)  # the stopped workers' half-written files
+            raise
+        pool.shutdown()
     order = {n: i for i, n in enumerate(names)}
     return sorted(results, key=lambda r: order[r.name])
+
+
+def _stop(pool: ProcessPoolExecutor) -> None:
+    """Cancel the cases not started and end the workers at once, rather than waiting for the
+    running ones (each may take seconds): a killed worker leaves only a temporary file."""
+    procs = list((getattr(pool, "_processes", None) or {}).values())  # Python >= 3.14: pool.kill_workers()
+    pool.shutdown(wait=False, cancel_futures=True)
+    for p in procs:
+        with contextlib.suppress(Exception):
+            p.kill()
+    for p in procs:
+        with contextlib.suppress(Exception):
+            p.join(timeout=10)
 
 
 @dataclass
@@ -236,21 +292,37 @@ def check_bundle(path: Path, entry: dict) -> CheckResult:
         old = load_bundle(path)
     except BundleError as e:
         return CheckResult(path.name, False, problems + [str(e)])
-    spec = CaseSpec.from_json(entry["case"])
-    new = build_bundle(spec, keep_exact=True)
+    try:
+        spec = CaseSpec.from_json(entry["case"])
+        new = build_bundle(spec, keep_exact=True)
+    except (KeyError, TypeError, ValueError) as e:  # TreeError, a renamed or missing captured-trees file...
+        return CheckResult(path.name, False, problems + [f"cannot rebuild the listed case: {' '.join(str(e).split())}"])
+    problems += differences(old, new)
+    return CheckResult(path.name, not problems, problems)
+
+
+def differences(old: Bundle, new: Bundle) -> list[str]:
+    """What makes a stored bundle differ from a fresh exact build (new), one line each: inputs not
+    byte-identical, outputs beyond REPRO_RTOL, metadata that this generator would write otherwise."""
+    problems = []
     p_old, p_new = old.problem, new.problem
     for name in ("q", "kv_cache", "block_table", "prefix_lens", "tree_parent", "tree_depth", "tree_mask"):
         a, b = getattr(p_old, name), getattr(p_new, name)
         if a.shape != b.shape or a.dtype != b.dtype or a.tobytes() != b.tobytes():
             problems.append(f"input {name} is not byte-identical when regenerated")
+    if p_old.scale != p_new.scale:
+        problems.append(f"scale {p_old.scale} differs from {p_new.scale}")
+    a, b = old.draft_logp, new.draft_logp
+    if (a is None) != (b is None) or (a is not None and (a.shape != b.shape or a.tobytes() != b.tobytes())):
+        problems.append("draft_logp is not byte-identical when regenerated")
     for name, a, b in (("out", old.out, new.out), ("lse", old.lse, new.lse)):
         rel = repro_error(a, b) if a.shape == b.shape else np.inf
         if rel > REPRO_RTOL:
             problems.append(f"output {name} differs by {rel:.3g} relative (> {REPRO_RTOL:g})")
     for key in ("case", "tolerances", "tree", "out_dtype", "spec"):
-        if old.meta.get(key) != new.meta.get(key):
+        if old.meta.get(key) != json.loads(json.dumps(new.meta.get(key))):
             problems.append(f"metadata '{key}' differs from what this generator writes")
-    return CheckResult(path.name, not problems, problems)
+    return problems
 
 
 def repro_error(stored: np.ndarray, fresh: np.ndarray) -> float:

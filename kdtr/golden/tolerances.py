@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, fields, replace
 
+from kdtr.errors import InputError
+
 
 @dataclass(frozen=True)
 class Tol:
@@ -25,8 +27,10 @@ class Tol:
     """Global: cosine(got, want) >= min_cos."""
 
     def __post_init__(self):
-        if min(self.atol, self.rtol, self.rel_norm) < 0 or not (-1.0 <= self.min_cos <= 1.0):
-            raise ValueError(f"invalid tolerance {self}")
+        values = (self.atol, self.rtol, self.rel_norm, self.min_cos)
+        if not all(math.isfinite(v) for v in values) or min(values[:3]) < 0 or not -1.0 <= self.min_cos <= 1.0:
+            raise ValueError(f"invalid tolerance {self}: every bound finite, atol, rtol, rel_norm >= 0, "
+                             "-1 <= min_cos <= 1 (a NaN or infinite bound would switch its check off)")
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -84,12 +88,37 @@ def recorded_problem(recorded) -> str | None:
     return None
 
 
+def check_overrides(overrides: dict | None) -> None:
+    """InputError (one line) unless every override {output: {bound: value or None}} is a bound that
+    can still fail: a finite number, >= 0 (min_cos within [-1, 1]). NaN compares false and infinity
+    admits everything, so either would switch a check off; a negative bound fails every element."""
+    names = [f.name for f in fields(Tol)]
+    for output, layer in (overrides or {}).items():
+        if output not in OUTPUTS:
+            raise InputError(f"tolerance override for unknown output {output!r} (known: {', '.join(OUTPUTS)})")
+        for key, value in (layer or {}).items():
+            if value is None:
+                continue
+            flag = key.replace("_", "-")
+            if key not in names:
+                raise InputError(f"{flag} is not a tolerance (known: {', '.join(n.replace('_', '-') for n in names)})")
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise InputError(f"{flag} of {output} must be a finite number, got {value!r} "
+                                 "(NaN or infinity would switch that check off)")
+            low, high = (-1.0, 1.0) if key == "min_cos" else (0.0, math.inf)
+            if not low <= value <= high:
+                raise InputError(f"{flag} of {output} must be " + ("within [-1, 1]" if key == "min_cos" else ">= 0")
+                                 + f", got {value!r}")
+
+
 def resolve(kv_dtype: str, out_dtype: str, output: str, recorded: dict | None = None, overrides: dict | None = None) -> Tol:
-    """Layered tolerance: table, then the bundle's recorded values, then CLI overrides."""
+    """Layered tolerance: table, then the bundle's recorded values, then CLI overrides (checked:
+    check_overrides)."""
     tol = default(kv_dtype, out_dtype, output)
     layer = (recorded or {}).get(output)
     if layer:
         tol = replace(tol, **{k: float(v) for k, v in layer.items() if k in Tol.__dataclass_fields__})
     if overrides:
+        check_overrides({output: overrides})
         tol = replace(tol, **{k: float(v) for k, v in overrides.items() if v is not None})
     return tol

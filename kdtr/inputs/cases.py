@@ -44,7 +44,8 @@ class CaseSpec:
     seed: int = 0
     """Seed of every random value in the case."""
     json_path: str | None = None
-    """Captured trees (family "json"): request b takes tree json_index + b."""
+    """Captured trees (family "json"): request b takes tree json_index + b. A file inside the package
+    is recorded as ``kdtr:REL`` (kdtr.inputs.trees.tree_file_ref), any other as given."""
     json_index: int = 0
     """First tree used from json_path."""
     scale: float | None = None
@@ -67,7 +68,9 @@ class CaseSpec:
         if self.heads < 1 or self.budget < 0 or self.page_size < 1:
             raise ValueError("heads and page_size must be >= 1 and budget >= 0")
         if self.family == "json" and not self.json_path:
-            raise ValueError("family 'json' needs json_path")
+            raise ValueError("family 'json' needs json_path (a JSON file of parent arrays)")
+        if self.json_path is not None:  # the package's own files as kdtr:REL, never a machine's path
+            object.__setattr__(self, "json_path", trees.tree_file_ref(self.json_path))
 
     @property
     def B(self) -> int:

@@ -6,6 +6,7 @@ Tests, golden suites, the benchmark grid and the CLI all read these names; the C
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import ml_dtypes
@@ -113,8 +114,17 @@ def parse_size(text: str) -> int:
     return v
 
 
+def parse_int(text: str) -> int:
+    """'16' -> 16; anything else (a suffix, a fraction, a sign typo) is a ValueError naming it."""
+    t = text.strip()
+    if not re.fullmatch(r"-?[0-9]+", t):
+        raise ValueError(f"not a whole number: {text!r} (use e.g. 16)")
+    return int(t)
+
+
 def parse_list(text: str, conv=parse_size) -> list:
-    """'8k,32k' -> [8192, 32768]; raises ValueError naming the bad item."""
+    """'8k,32k' -> [8192, 32768]; raises ValueError naming the bad item. ``int`` means parse_int."""
+    conv = parse_int if conv is int else conv
     items = [s for s in text.split(",") if s.strip()]
     if not items:
         raise ValueError(f"empty list: {text!r}")

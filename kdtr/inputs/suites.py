@@ -8,16 +8,15 @@ heads are cut where T is large so that float64 outputs stay small. long: real se
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from kdtr.inputs.cases import CaseSpec
 from kdtr.inputs.presets import BUDGETS, LONG_PREFIXES, model, prefix_edges
 
 DSV3, KIMI = "deepseek-v3", "kimi-k2"
 H_DSV3 = model(DSV3).heads_per_gpu()  # 16 at TP8
 H_KIMI = model(KIMI).heads_per_gpu()  # 8 at TP8
-CAPTURED_TREES = Path(__file__).resolve().parents[1] / "data" / "captured_trees.json"
-"""A small file of parent arrays in the captured-tree JSON format (family "json")."""
+CAPTURED_TREES = "kdtr:data/captured_trees.json"
+"""A small file of parent arrays in the captured-tree JSON format (family "json"), named relative to
+the package (kdtr.inputs.trees.PACKAGE_REF) so that bundles record no machine's path."""
 
 
 def _c(tags: str, **kw) -> CaseSpec:
@@ -59,10 +58,10 @@ def ci() -> list[CaseSpec]:
         _c("chain,mixed-batch", model=KIMI, heads=4, prefix_lens=(0, 100), family="chain", budget=b["b16"]),
         _c("star,pg1", model=KIMI, heads=4, prefix_lens=(64,), family="star", budget=b["b16"], page_size=1),
         _c("json,captured", model=DSV3, heads=2, prefix_lens=(65, 3), family="json", budget=23,
-           json_path=str(CAPTURED_TREES)),
+           json_path=CAPTURED_TREES),
         _c("root,P0", model=DSV3, heads=H_DSV3, prefix_lens=(0,), family="root", kv_dtype="fp32", out_dtype="fp32"),
-        # 8 rows or fewer in bf16: Kimi decode and a 4-node tree (flash-sm90's plan runs them as XR_ONLY, every
-        # row transposed; KDTR_FLASH_XR=0 forces its 64-row build)
+        # 8 rows or fewer in bf16: Kimi decode and a 4-node tree (flash-sm90's plan transposes every
+        # row transposed; the kernel spec flash-sm90[xr=0] forces its 64-row build)
         _c("decode,edges,mixed-batch,pg64", model=KIMI, heads=H_KIMI, prefix_lens=(0, 1, 33, 64, 65, 300), family="root"),
         _c("ddtree,b3,mixed-batch", model=KIMI, heads=2, prefix_lens=(31, 130), budget=3, profile="uncertain"),
     ]

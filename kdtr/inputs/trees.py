@@ -320,10 +320,43 @@ def _tree_entry(item, where: str) -> list[int]:
     return item
 
 
-def load_json(path) -> list[Tree]:
-    """Trees from [[-1,0,...], ...], {"trees": [[...], ...]} or {"trees": [{"parent": [...]}, ...]}."""
+PACKAGE_REF = "kdtr:"
+"""Prefix of a tree file named relative to the installed package (``kdtr:data/captured_trees.json``):
+what bundles record for the package's own files, so that goldens carry no machine's path."""
+PACKAGE_DIR = Path(__file__).resolve().parents[1]
+"""The kdtr package folder that PACKAGE_REF names are relative to."""
+
+
+def tree_file_ref(path) -> str:
+    """How a tree file is recorded: ``kdtr:REL`` for a file inside the package, else the path as given."""
+    text = str(path)
+    if text.startswith(PACKAGE_REF):
+        return text
     try:
-        doc = json.loads(Path(path).read_text())
+        rel = Path(text).resolve().relative_to(PACKAGE_DIR)
+    except (ValueError, OSError):
+        return text
+    return PACKAGE_REF + rel.as_posix()
+
+
+def tree_file_path(ref) -> Path:
+    """The file a recorded reference names (``kdtr:REL`` resolved inside the package)."""
+    text = str(ref)
+    if not text.startswith(PACKAGE_REF):
+        return Path(text)
+    rel = Path(text[len(PACKAGE_REF):])
+    if rel.is_absolute() or ".." in rel.parts or not rel.parts:
+        raise TreeError(f"{text}: a {PACKAGE_REF} reference names a file inside the kdtr package, e.g. "
+                        f"{PACKAGE_REF}data/captured_trees.json")
+    return PACKAGE_DIR / rel
+
+
+def load_json(path) -> list[Tree]:
+    """Trees from [[-1,0,...], ...], {"trees": [[...], ...]} or {"trees": [{"parent": [...]}, ...]}.
+
+    ``path`` may be a ``kdtr:`` package reference (tree_file_path); trees record it as given."""
+    try:
+        doc = json.loads(tree_file_path(path).read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise TreeError(f"{path}: cannot read JSON tree file: {e}") from None
     items = doc.get("trees") if isinstance(doc, dict) else doc
@@ -334,7 +367,7 @@ def load_json(path) -> list[Tree]:
         where = f"{path}: tree {i}"
         try:
             parent = _tree_entry(item, where)
-            params = {"budget": len(parent) - 1, "json_path": str(path), "json_index": i}
+            params = {"budget": len(parent) - 1, "json_path": tree_file_ref(path), "json_index": i}
             trees.append(from_parents(parent, family="json", params=params))
         except TreeError as e:
             raise TreeError(str(e) if str(e).startswith(where) else f"{where}: {e}") from None
@@ -371,7 +404,7 @@ def make_tree(
     if family == "root":
         return root_only()
     if json_path is None:
-        raise TreeError("family 'json' needs json_path")
+        raise TreeError("family 'json' needs json_path (a JSON file of parent arrays)")
     trees = load_json(json_path)
     if not 0 <= json_index < len(trees):
         raise TreeError(f"{json_path}: tree index {json_index} out of range (file has {len(trees)})")

@@ -1,11 +1,26 @@
-"""Python callables as kernels: ``package.module:callable`` on cupy arrays, torch tensors, or numpy
-arrays on the CPU (``kdtr_device = "cpu"``). The calling contract is PyCallableKernel's docstring."""
+"""Python callables as kernels: ``package.module:fn`` (importable) or ``path/to/file.py:fn`` (loaded
+from that file, whose folder goes on sys.path, so isolated child processes find it too).
+
+The contract (README, "Write and verify your own kernel")::
+
+    fn(q, kv_cache, block_table, prefix_lens, tree_mask, *, scale, page_size, out_dtype) -> (out, lse)
+
+on cupy arrays (bf16 as raw uint16 bits, the mask uint32), torch tensors with
+``fn.kdtr_framework = "torch"`` (bf16 as torch.bfloat16, the mask int32), or numpy arrays and no
+GPU with ``fn.kdtr_device = "cpu"`` (bf16 as ml_dtypes.bfloat16, the mask uint32). out is
+[B, T, H, 512] in out_dtype ("fp32" or "bf16"), lse [B, T, H] fp32 natural log. A callable that
+does not compute lse sets ``fn.kdtr_writes_lse = False`` and returns out alone (lse is then not
+checked); ``fn.kdtr_caps`` (a kdtr.kernels.caps.Caps) limits what it takes, other bundles SKIP.
+"""
 
 from __future__ import annotations
 
 import importlib
 import re
+import sys
 import time
+from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 
@@ -14,26 +29,46 @@ from kdtr.kernels.caps import Caps
 from kdtr.kernels.launch import DeviceProblem, cupy_module, synchronize
 from kdtr.kernels.launch_types import KernelRuntimeError, RunOutput, to_f32
 
-PY_SPEC = re.compile(r"(?P<module>[A-Za-z_][\w.]*):(?P<attr>[A-Za-z_][\w.]*)")
-"""A kernel spec naming a Python callable: ``package.module:callable``."""
+PY_SPEC = re.compile(r"(?:(?P<file>[^:]+\.py)|(?P<module>[A-Za-z_][\w.]*)):(?P<attr>[A-Za-z_][\w.]*)")
+"""A kernel spec naming a Python callable: ``package.module:fn`` or ``path/to/file.py:fn``."""
+DEVICES = ("cuda", "cpu")
+"""Values of ``fn.kdtr_device`` (default "cuda")."""
+FRAMEWORKS = ("cupy", "torch")
+"""Values of ``fn.kdtr_framework`` (default "cupy"; used with kdtr_device "cuda")."""
+MISSING_LSE = ("the callable returned out alone: return (out, lse), or set kdtr_writes_lse = False on it "
+               "if it does not compute lse")
+"""The fix a SHAPE failure of a missing lse names (kdtr.check.suite adds it to that case's message)."""
 
 
 class PyCallableKernel:
-    """A Python callable ``fn(q, kv_cache, block_table, prefix_lens, tree_mask, *, scale, page_size,
-    out_dtype)`` returning out or (out, lse), on cupy arrays, or torch tensors when
-    ``fn.kdtr_framework == "torch"``. bf16 arrives as raw uint16 bits (cupy) or torch.bfloat16;
-    out_dtype is "fp32" or "bf16"; the tree mask is int32 for torch (torch lacks uint32 ops).
+    """A Python callable following the module docstring's contract."""
 
-    ``fn.kdtr_device = "cpu"``: no GPU at all; fn gets the numpy arrays as stored (bf16 as
-    ml_dtypes.bfloat16, the mask uint32) and returns numpy arrays; ms is the whole call.
-    """
-
-    def __init__(self, fn, name: str, caps=None):
+    def __init__(self, fn, name: str, caps: Caps | None = None):
         self.fn, self.name = fn, name
         self.framework = getattr(fn, "kdtr_framework", "cupy")
         self.device = getattr(fn, "kdtr_device", "cuda")
-        self.caps = getattr(fn, "kdtr_caps", None) or caps
+        self.caps = replace(getattr(fn, "kdtr_caps", None) or caps or Caps(), needs_gpu=self.device == "cuda")
         self.writes_lse = bool(getattr(fn, "kdtr_writes_lse", True))
+
+    def _call(self, args, problem, out_dtype: str):
+        try:
+            res = self.fn(*args, scale=float(problem.scale), page_size=problem.page_size, out_dtype=out_dtype)
+            if self.device == "cuda" and self.framework == "torch":
+                import torch
+
+                torch.cuda.synchronize()
+            return res
+        except Exception as e:
+            raise KernelRuntimeError(f"{self.name}: {type(e).__name__}: {e}") from e
+
+    def _outputs(self, res):
+        """(out, lse or None) from what fn returned."""
+        if isinstance(res, (tuple, list)):
+            if len(res) != 2:
+                raise KernelRuntimeError(f"{self.name}: returned {len(res)} values; return (out, lse)")
+            out, lse = res
+            return out, (lse if self.writes_lse else None)
+        return res, None
 
     def _run_cpu(self, problem, out_dtype: str) -> RunOutput:
         problem.validate()
@@ -41,12 +76,9 @@ class PyCallableKernel:
             np.ascontiguousarray(a, t) for a, t in ((problem.block_table, np.int32), (problem.prefix_lens, np.int32),
                                                     (problem.tree_mask, np.uint32))]
         t0 = time.perf_counter()
-        try:
-            res = self.fn(*args, scale=float(problem.scale), page_size=problem.page_size, out_dtype=out_dtype)
-        except Exception as e:
-            raise KernelRuntimeError(f"{self.name}: {type(e).__name__}: {e}") from e
+        res = self._call(args, problem, out_dtype)
         ms = (time.perf_counter() - t0) * 1e3
-        out, lse = res if isinstance(res, (tuple, list)) else (res, None)
+        out, lse = self._outputs(res)
         return RunOutput(to_f32(out), None if lse is None else to_f32(lse), ms)
 
     def run(self, problem, out_dtype: str) -> RunOutput:
@@ -66,37 +98,74 @@ class PyCallableKernel:
             ]
         start, stop = cp.cuda.Event(), cp.cuda.Event()
         start.record()
-        try:
-            res = self.fn(*args, scale=float(problem.scale), page_size=problem.page_size, out_dtype=out_dtype)
-            if self.framework == "torch":
-                torch.cuda.synchronize()
-        except Exception as e:
-            raise KernelRuntimeError(f"{self.name}: {type(e).__name__}: {e}") from e
+        res = self._call(args, problem, out_dtype)
         stop.record()
         synchronize(cp, self.name)
-        out, lse = res if isinstance(res, (tuple, list)) else (res, None)
-        return RunOutput(
-            to_f32(out), None if lse is None else to_f32(lse),
-            float(cp.cuda.get_elapsed_time(start, stop)),
-        )
+        out, lse = self._outputs(res)
+        return RunOutput(to_f32(out), None if lse is None else to_f32(lse), float(cp.cuda.get_elapsed_time(start, stop)))
 
 
-def python_kernel(spec: str):
-    """The PyCallableKernel that ``module:callable`` names; KernelSpecError (one line) when it names none."""
-    m = PY_SPEC.fullmatch(spec)
-    module_name, attr = m["module"], m["attr"]
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split()) or type(e).__name__
+
+
+def _import_file(spec: str, file: str):
+    """The module of ``file``, imported under its stem with its folder first on sys.path."""
+    path = Path(file)
+    if not path.is_file():
+        raise KernelSpecError(f"{spec}: no such Python file {file!r}")
+    path = path.resolve()
+    if not path.stem.isidentifier():
+        raise KernelSpecError(f"{spec}: {path.name!r} is not an importable module name; rename it, e.g. my_kernel.py")
+    folder = str(path.parent)
+    if folder not in sys.path:
+        sys.path.insert(0, folder)  # the run's own imports, and PYTHONPATH of isolated children
     try:
-        obj = importlib.import_module(module_name)
+        module = importlib.import_module(path.stem)
+    except Exception as e:  # anything the file raises while importing
+        raise KernelSpecError(f"{spec}: cannot import {file!r}: {_one_line(e)}") from None
+    found = getattr(module, "__file__", None)
+    if not found or Path(found).resolve() != path:
+        raise KernelSpecError(f"{spec}: the module name {path.stem!r} is already taken by "
+                              f"{found or 'a built-in module'}; rename {path.name}")
+    return module
+
+
+def _import_module(spec: str, name: str):
+    try:
+        return importlib.import_module(name)
     except Exception as e:  # ImportError, or anything the module raises while importing
-        msg = " ".join(str(e).split()) or type(e).__name__
-        raise KernelSpecError(f"{spec}: cannot import module {module_name!r}: {msg}") from None
+        hint = ""
+        if isinstance(e, ModuleNotFoundError) and e.name and name.startswith(e.name):
+            hint = (f" (put its folder on PYTHONPATH, or name the file: -k path/to/{name.split('.')[-1]}.py:"
+                    f"{spec.rpartition(':')[2]})")
+        raise KernelSpecError(f"{spec}: cannot import module {name!r}: {_one_line(e)}{hint}") from None
+
+
+def python_kernel(spec: str) -> PyCallableKernel:
+    """The PyCallableKernel that ``module:fn`` or ``file.py:fn`` names; KernelSpecError (one line)
+    when it names none or its kdtr_* attributes are wrong."""
+    m = PY_SPEC.fullmatch(spec)
+    obj = _import_file(spec, m["file"]) if m["file"] else _import_module(spec, m["module"])
+    where, attr = m["file"] or m["module"], m["attr"]
     for part in attr.split("."):
         if not hasattr(obj, part):
-            raise KernelSpecError(f"{spec}: module {module_name!r} has no attribute {attr!r}")
+            raise KernelSpecError(f"{spec}: {where!r} has no attribute {attr!r}")
         obj = getattr(obj, part)
     if not callable(obj):
         raise KernelSpecError(f"{spec}: {attr!r} is a {type(obj).__name__}, not a callable")
-    device = getattr(obj, "kdtr_device", "cuda")
-    if device not in ("cuda", "cpu"):
-        raise KernelSpecError(f"{spec}: kdtr_device must be 'cuda' or 'cpu', got {device!r}")
-    return PyCallableKernel(obj, spec, caps=Caps(needs_gpu=device == "cuda"))
+    device, framework = getattr(obj, "kdtr_device", "cuda"), getattr(obj, "kdtr_framework", "cupy")
+    if device not in DEVICES:
+        raise KernelSpecError(f"{spec}: kdtr_device must be one of {', '.join(map(repr, DEVICES))}, got {device!r}")
+    if framework not in FRAMEWORKS:
+        raise KernelSpecError(f"{spec}: kdtr_framework must be one of {', '.join(map(repr, FRAMEWORKS))}, "
+                              f"got {framework!r}")
+    if device == "cpu" and framework != "cupy":
+        raise KernelSpecError(f"{spec}: kdtr_device 'cpu' hands the callable numpy arrays; kdtr_framework "
+                              f"{framework!r} needs kdtr_device 'cuda'")
+    if not isinstance(getattr(obj, "kdtr_writes_lse", True), bool):
+        raise KernelSpecError(f"{spec}: kdtr_writes_lse must be True or False, got {obj.kdtr_writes_lse!r}")
+    caps = getattr(obj, "kdtr_caps", None)
+    if caps is not None and not isinstance(caps, Caps):
+        raise KernelSpecError(f"{spec}: kdtr_caps must be a kdtr.kernels.caps.Caps, got {type(caps).__name__}")
+    return PyCallableKernel(obj, spec)

@@ -66,7 +66,7 @@ def test_compare_flags_only_changes_beyond_the_noise():
 
 
 def test_csv_and_plot_from_a_saved_run(tmp_path):
-    from kdtr.cli import bench_commands
+    from kdtr.cli import bench as bench_cli
 
     row = bench.Row("dsv3-x", {"B": 1, "T": 65, "H": 16, "P": 8192, "budget": 64, "model": "deepseek-v3",
                                "page": 64, "kv": "bf16", "out": "bf16"}, 10, 20, 0.01, "compute",
@@ -74,11 +74,11 @@ def test_csv_and_plot_from_a_saved_run(tmp_path):
     from dataclasses import asdict
 
     data = {"peaks": PEAKS, "rows": [asdict(row)], "impls": ["flash"]}
-    bench_commands.write_csv(str(tmp_path / "b.csv"), data)
+    bench_cli.write_csv(str(tmp_path / "b.csv"), data)
     lines = (tmp_path / "b.csv").read_text().splitlines()
     assert lines[0].startswith("shape,B,T,H,P") and "flash" in lines[1]
     pytest.importorskip("matplotlib")
-    bench_commands.write_plot(str(tmp_path / "b.png"), data)
+    bench_cli.write_plot(str(tmp_path / "b.png"), data)
     assert (tmp_path / "b.png").read_bytes()[:4] == b"\x89PNG"
     json.dumps(data)
 

@@ -3,7 +3,7 @@
 CPU Python-callable kernels (tests/kernels_for_tests.py) fault on the bigger of two bundles; the
 fault becomes that case's status (RUNTIME_ERROR / TIMEOUT), the other case still PASSes, and
 the CLI exits 1. The GPU versions (illegal address, trap, hang, compute-sanitizer) are in
-tests/test_gpu_isolation.py.
+tests/check/test_gpu_isolation.py.
 """
 
 from __future__ import annotations
@@ -203,7 +203,7 @@ def test_sanitizer_findings_text():
                                      "[12 hazards] | RACECHECK SUMMARY: 1 hazard displayed (1 error, 0 warnings)")
 
 
-# ---- the GPU fault kernels of tests/test_gpu_isolation.py compile (NVRTC needs no GPU) --------------
+# ---- the GPU fault kernels of tests/check/test_gpu_isolation.py.compile (NVRTC needs no GPU) --------------
 
 
 @pytest.mark.nvrtc

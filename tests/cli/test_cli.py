@@ -72,13 +72,26 @@ def test_fp32_bundles_are_skipped_by_bf16_kernels_with_a_reason(tmp_path):
     (["verify", "-k", "tests/cuda/trap.cu:no_such_symbol", "smoke"], "no_such_symbol"),
     (["verify", "-k", "tests/cuda/nope.cu:k", "smoke"], "no such CUDA file"),
     (["verify", "-k", "kdtr.nosuchmodule:fn", "smoke"], "cannot import"),
+    (["verify", "-k", "nosuchmodule:fn", "smoke"], "PYTHONPATH"),
 ])
 def test_user_errors_are_one_line_exit_2(args, fragment):
-    r = CliRunner(mix_stderr=False).invoke(main, args) if "mix_stderr" in CliRunner.__init__.__code__.co_varnames \
-        else CliRunner().invoke(main, args)
+    r = CliRunner().invoke(main, args)
     assert r.exit_code == 2, (r.exit_code, r.output)
-    text = (r.stderr if hasattr(r, "stderr") and r.stderr else r.output).strip()
-    assert fragment in text and "Traceback" not in text and len(text.splitlines()) == 1, text
+    text = r.stderr.strip()
+    assert fragment in text and "Traceback" not in text and len(text.splitlines()) == 1 and not r.stdout, text
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["gen", "--heads", "abc"], "'abc' is not a valid integer"),
+    (["nosuchcommand"], "No such command"),
+    (["verify", "smoke"], "Missing option '-k'"),
+    (["gen", "--no-such-option"], "No such option"),
+])
+def test_click_usage_errors_are_one_line_too(args, fragment):
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 2 and not r.stdout, r.output
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and fragment in lines[0] and "--help" in lines[0], r.stderr
 
 
 def test_gpu_kernel_without_a_gpu_is_a_user_error():

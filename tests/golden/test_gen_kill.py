@@ -212,13 +212,64 @@ def test_invariant_holds_at_every_rename(tmp_path, monkeypatch):
     assert all(read_meta(tmp_path / n)["generator"] == "kdtr test-other-bytes" for n in names)
 
 
-def test_identical_regeneration_keeps_entries_listed(tmp_path, monkeypatch):
-    """Same bytes again: no unlisting (one manifest write per case), nothing ever unlisted."""
+def test_identical_regeneration_keeps_the_files(tmp_path, monkeypatch):
+    """Same case again: the bundles that reproduce stay as they are (no rename, no manifest write)."""
     gen.generate(SPECS, tmp_path)
+    before = {p.name: (p.stat().st_ino, p.read_bytes()) for p in tmp_path.iterdir()}
     real, renames = os.replace, []
     monkeypatch.setattr(os, "replace", lambda s, d: (renames.append(Path(d).name), real(s, d)))
-    gen.generate(SPECS, tmp_path)
-    assert renames == [f"{SPECS[0].name}.kdtr", gen.MANIFEST, f"{SPECS[1].name}.kdtr", gen.MANIFEST]
+    res = gen.generate(SPECS, tmp_path)
+    assert renames == [] and all(r.kept for r in res)
+    assert {p.name: (p.stat().st_ino, p.read_bytes()) for p in tmp_path.iterdir()} == before
+
+
+def test_regeneration_keeps_a_bundle_whose_last_bits_differ(tmp_path, monkeypatch):
+    """The float64 reference's last bits vary between machines: a stored lse one ulp off (within
+    REPRO_RTOL) is kept, one beyond it is replaced, and an unlisted file is replaced too."""
+    import numpy as np
+
+    from kdtr.golden.bundle import save_bundle
+
+    gen.generate(SPECS[:1], tmp_path)
+    path = tmp_path / f"{SPECS[0].name}.kdtr"
+    b = load_bundle(path)
+
+    def rewrite(lse):  # the same case with another lse, listed as it is now
+        sha = save_bundle(path, b.problem, b.out, lse, b.meta, draft_logp=b.draft_logp)
+        man = json.loads((tmp_path / gen.MANIFEST).read_text())
+        man["bundles"][path.name].update(sha256=sha, bytes=path.stat().st_size)
+        (tmp_path / gen.MANIFEST).write_text(json.dumps(man))
+        return path.read_bytes()
+
+    ulp_off = rewrite(np.nextafter(b.lse, np.inf))
+    assert gen.generate(SPECS[:1], tmp_path)[0].kept and path.read_bytes() == ulp_off
+    rewrite(b.lse * (1 + 1e-9))
+    assert not gen.generate(SPECS[:1], tmp_path)[0].kept
+    assert load_bundle(path).lse.tobytes() == b.lse.tobytes()
+    (tmp_path / gen.MANIFEST).unlink()
+    assert not gen.generate(SPECS[:1], tmp_path)[0].kept
+
+
+def test_ctrl_c_with_workers_stops_promptly(tmp_path):
+    """SIGINT to the whole process group (what a terminal's Ctrl-C sends) with -j 2: the run ends
+    within seconds, not after its workers' cases, and leaves the directory consistent."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    slow = ["--model", "deepseek-v3", "--heads", "16", "--prefix", "0,30000", "--budget", "64,128,256,512"]
+    cmd = [sys.executable, "-m", "kdtr", "gen", *slow, "--out", str(tmp_path), "-j", "2"]
+    proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    deadline = time.monotonic() + 60
+    while not any(atomic.TEMP_NAME.match(p.name) for p in tmp_path.iterdir()) and time.monotonic() < deadline:
+        time.sleep(0.02)  # both workers are writing their first bundles
+    time.sleep(0.3)
+    t0 = time.monotonic()
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    took = time.monotonic() - t0
+    assert proc.returncode == 130 and "interrupted" in err.decode() and "Traceback" not in err.decode(), err.decode()
+    assert took < 3.0, f"Ctrl-C took {took:.1f} s"
+    assert_consistent(tmp_path)
+    assert not [p.name for p in tmp_path.iterdir() if atomic.TEMP_NAME.match(p.name)], "workers' files left"
 
 
 def test_next_run_removes_stale_temporary_files(tmp_path):

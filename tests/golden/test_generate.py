@@ -1,6 +1,9 @@
 """Generation, the manifest, reproducibility checks and the committed goldens."""
 
 import json
+import os
+import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -8,14 +11,30 @@ import pytest
 
 from kdtr.golden import generate as gen
 from kdtr.inputs import suites
-from kdtr.golden.bundle import load_bundle
+from kdtr.golden.bundle import load_bundle, read_meta
+from kdtr.inputs import trees
 from kdtr.inputs.cases import CaseSpec
 
 SMALL = [
     CaseSpec(heads=2, prefix_lens=(0, 9), budget=8, page_size=4),
     CaseSpec(model="kimi-k2", heads=1, prefix_lens=(3,), family="chain", budget=3, page_size=1, kv_dtype="fp32", out_dtype="fp32"),
 ]
-GOLDENS = Path(__file__).resolve().parents[2] / "goldens" / "ci"
+ROOT = Path(__file__).resolve().parents[2]
+GOLDENS = ROOT / "goldens" / "ci"
+CAPTURED = "kdtr:data/captured_trees.json"
+
+
+def strings(obj):
+    """Every string in a JSON-like value, keys included."""
+    if isinstance(obj, str):
+        yield obj
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            yield k
+            yield from strings(v)
+    elif isinstance(obj, list):
+        for v in obj:
+            yield from strings(v)
 
 
 def test_generate_writes_bundles_and_manifest(tmp_path):
@@ -76,3 +95,43 @@ def test_committed_goldens_match_the_ci_suite_and_are_small():
 def test_committed_goldens_regenerate_exactly():
     bad = [(r.file, r.problems) for r in gen.check(GOLDENS) if not r.ok]
     assert not bad, bad
+
+
+@pytest.mark.skipif(not (GOLDENS / gen.MANIFEST).exists(), reason="goldens/ci not generated")
+def test_committed_goldens_record_no_machine_path():
+    """A golden that names a path of the machine that made it fails everywhere else (issue 37, defect 1)."""
+    recorded = list(strings(json.loads((GOLDENS / gen.MANIFEST).read_text())))
+    for path in sorted(GOLDENS.glob("*.kdtr")):
+        recorded += strings(read_meta(path))
+    paths = [t for t in recorded if os.path.isabs(t) or str(ROOT) in t or "/kdtr/data/" in t]
+    assert not paths, paths
+    assert CAPTURED in recorded
+
+
+def test_the_captured_trees_case_records_a_package_reference():
+    spec = next(s for s in suites.ci() if s.family == "json")
+    assert spec.json_path == CAPTURED
+    meta = gen.build_bundle(spec).meta
+    assert meta["tree"]["json_path"] == CAPTURED and meta["spec"]["json_path"] == CAPTURED
+    absolute = replace(spec, json_path=str(trees.PACKAGE_DIR / "data" / "captured_trees.json"))
+    assert absolute.json_path == CAPTURED and absolute.name == spec.name
+    assert not [t for t in strings(gen.build_bundle(absolute).meta) if os.path.isabs(t)]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (GOLDENS / gen.MANIFEST).exists(), reason="goldens/ci not generated")
+def test_gen_suite_ci_over_a_copy_of_the_goldens_changes_no_byte(tmp_path):
+    """`kdtr gen --suite ci` in a checkout leaves git status clean, on any machine: bundles whose
+    float64 outputs a machine's BLAS rounds differently in the last bits are kept, not rewritten."""
+    from click.testing import CliRunner
+
+    from kdtr.cli import main
+
+    copy = tmp_path / "ci"
+    shutil.copytree(GOLDENS, copy)
+    r = CliRunner().invoke(main, ["gen", "--suite", "ci", "--out", str(copy), "-j", "2", "--json"])
+    assert r.exit_code == 0, r.output
+    assert all(b["kept"] for b in json.loads(r.stdout)["bundles"])
+    assert sorted(p.name for p in copy.iterdir()) == sorted(p.name for p in GOLDENS.iterdir())
+    changed = [p.name for p in GOLDENS.iterdir() if (copy / p.name).read_bytes() != p.read_bytes()]
+    assert not changed, changed

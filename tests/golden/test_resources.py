@@ -69,7 +69,7 @@ def test_generate_force_goes_ahead(tmp_path, monkeypatch):
     monkeypatch.setattr(resources, "available_bytes", lambda: 16 * GIB)
     staged = []
 
-    def fake_stage(spec, out_dir):
+    def fake_stage(spec, out_dir, entry=None):
         staged.append(spec.name)
         raise KeyboardInterrupt  # stop right there, as a user would
 

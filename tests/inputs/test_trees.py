@@ -368,3 +368,20 @@ def test_json_rejects(tmp_path, text, match):
 def test_json_missing_file(tmp_path):
     with pytest.raises(tr.TreeError, match="nope.json"):
         tr.load_json(tmp_path / "nope.json")
+
+
+def test_package_references_name_files_inside_the_package(tmp_path):
+    """Bundles record the package's own tree files as kdtr:REL, never a machine's path (issue 37, defect 1)."""
+    sample = tr.PACKAGE_DIR / "data" / "captured_trees.json"
+    assert tr.tree_file_ref(sample) == "kdtr:data/captured_trees.json"
+    assert tr.tree_file_ref("kdtr:data/captured_trees.json") == "kdtr:data/captured_trees.json"
+    assert tr.tree_file_path("kdtr:data/captured_trees.json") == sample
+    elsewhere = tmp_path / "mine.json"
+    tr.save_json(elsewhere, [tr.chain(3)])
+    assert tr.tree_file_ref(elsewhere) == str(elsewhere) and tr.tree_file_ref("rel/mine.json") == "rel/mine.json"
+    t = tr.make_tree("json", budget=0, json_path=str(sample), json_index=2)
+    assert t.params["json_path"] == "kdtr:data/captured_trees.json"
+    assert np.array_equal(tr.make_tree("json", **t.params).parent, t.parent)
+    for bad in ("kdtr:../README.md", "kdtr:/etc/passwd", "kdtr:"):
+        with pytest.raises(tr.TreeError, match="inside the kdtr package"):
+            tr.load_json(bad)

@@ -1,0 +1,293 @@
+"""`kdtr bench`: kernels timed against the GPU's roofline and torch baselines, and `kdtr bench
+compare` of two saved runs. Every option is checked before the GPU is asked for anything, so a
+typo is reported on a machine without one too."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from kdtr.cli.options import STDOUT, at_least, check_output, emit, json_option, write_file
+from kdtr.errors import InputError
+
+
+def bench_peaks(remeasure: bool = False) -> dict:
+    """The GPU's copy bandwidth and bf16 GEMM rate, cached per device name and driver."""
+    from kdtr.bench.timing import measure_peaks
+    from kdtr.golden.atomic import atomic_write_bytes
+    from kdtr.golden.store import cache_root
+    from kdtr.kernels.launch import device_info
+
+    info = device_info()
+    path = cache_root() / "peaks.json"
+    key = f"{info['name']}|{info['driver_version']}"
+    try:
+        cache = json.loads(path.read_text()) if path.exists() else {}
+    except ValueError:
+        cache = {}  # a damaged cache is measured again
+    if remeasure or key not in cache:
+        cache[key] = measure_peaks()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(path, (json.dumps(cache, indent=1) + "\n").encode())
+    return {**cache[key], "cached_at": str(path)}
+
+
+def bench_specs(suite: str | None, preset: tuple[str, ...], shape: dict) -> list:
+    from kdtr.bench.run import grid
+    from kdtr.inputs import presets, suites
+
+    specs = []
+    if suite:
+        specs += suites.suite(suite)
+    for name in preset:
+        if name not in presets.BENCH_GRIDS:
+            raise InputError(f"--set {name}: unknown shape set; known: {', '.join(presets.BENCH_GRIDS)}")
+        g = presets.BENCH_GRIDS[name]
+        specs += grid(g["models"], g["tps"], g["budgets"], g["prefixes"], g["batches"], shape["page_size"],
+                      shape["kv_dtype"], shape["out_dtype"] or shape["kv_dtype"])
+    if shape.get("prefix") or shape.get("budget"):
+        specs += grid(presets.parse_list(shape["model"] or "deepseek-v3", str), presets.parse_list(shape["tp"] or "8", int),
+                      presets.parse_list(shape["budget"] or "64", int), presets.parse_list(shape["prefix"] or "8k"),
+                      presets.parse_list(shape["batch"] or "1", int), shape["page_size"], shape["kv_dtype"],
+                      shape["out_dtype"] or shape["kv_dtype"])
+    if not specs:
+        raise InputError("no shapes: give --set compute/memory, --suite NAME, or --prefix/--budget (with --model --tp --batch)")
+    return specs
+
+
+def baseline_names(text: str) -> list[str]:
+    """The --baselines list, each name checked (InputError naming the known ones)."""
+    from kdtr.bench.baselines import baseline
+
+    names = [] if text.strip() in ("", "none") else [b.strip() for b in text.split(",") if b.strip()]
+    for n in names:
+        baseline(n)  # ValueError on an unknown name; builds nothing on the GPU
+    return names
+
+
+def _impls(kernel_specs, names) -> list:
+    """Baselines first (the first timed one is the speedup reference), then the kernels."""
+    from kdtr.bench.baselines import baseline
+    from kdtr.kernels.registry import resolve_kernel
+
+    return [baseline(b) for b in names] + [resolve_kernel(k) for k in kernel_specs]
+
+
+def bench_run(specs, kernel_specs, names, peaks: dict, check: bool, devices: int = 1, progress: bool = True) -> dict:
+    from dataclasses import asdict
+
+    from kdtr.bench.run import bench_shape
+    from kdtr.bench.timing import METHOD
+    from kdtr.cli import report
+
+    impls = _impls(kernel_specs, names)
+    rows = []
+    if devices > 1:
+        rows = _bench_multi(specs, kernel_specs, names, peaks, check, devices)
+    else:
+        with report.progress(len(specs), "bench", show=progress) as advance:
+            for s in specs:
+                rows.append(bench_shape(s, impls, peaks, check=check))
+                advance(s.name)
+    return {"peaks": {k: v for k, v in peaks.items() if k not in ("copy", "gemm")}, "rows": [asdict(r) for r in rows],
+            "impls": [i.name for i in impls], **METHOD}
+
+
+def _bench_multi(specs, kernel_specs, names, peaks, check, devices):
+    """One process per GPU (CUDA_VISIBLE_DEVICES), shapes dealt round-robin."""
+    import multiprocessing as mp
+
+    from kdtr.bench.run import split_for_devices
+
+    parts = split_for_devices(list(specs), devices)
+    with mp.get_context("spawn").Pool(len(parts)) as pool:
+        results = pool.starmap(_bench_worker, [(i, p, kernel_specs, names, peaks, check) for i, p in enumerate(parts)])
+    order = {s.name: i for i, s in enumerate(specs)}
+    return sorted((r for part in results for r in part), key=lambda r: order[r.shape])
+
+
+def _bench_worker(device: int, specs, kernel_specs, names, peaks, check):
+    import os
+
+    os.environ["CUDA_VISIBLE_DEVICES"] = str(device)  # this worker's GPU, before cupy starts
+    from kdtr.bench.run import bench_shape
+
+    impls = _impls(kernel_specs, names)
+    return [bench_shape(s, impls, peaks, check=check) for s in specs]
+
+
+def render_peaks(pk: dict) -> None:
+    from kdtr.cli import report
+
+    report.kv_table("GPU peaks", [(k, v) for k, v in pk.items() if not isinstance(v, (dict, list))])
+
+
+def render_bench(d: dict) -> None:
+    from kdtr.cli import report
+
+    pk = d["peaks"]
+    report.note(f"peaks on {pk['device']}: copy {pk['copy_gbs']:.0f} GB/s, bf16 GEMM {pk['gemm_tflops']:.0f} TFLOP/s "
+                f"({pk.get('gemm_method', '')}); roofline = max(FLOPs / GEMM peak, bytes / copy peak)")
+    rows = []
+    for r in d["rows"]:
+        timed = [c for c in r["cells"] if c.get("median_ms")]
+        fastest = min((c["median_ms"] for c in timed), default=None)
+        for i, c in enumerate(r["cells"]):
+            head = (report.escape(r["shape"]), f"{r['dims']['B']}x{r['dims']['T']}x{r['dims']['H']}", f"{r['dims']['P']}",
+                    r["bound"], f"{r['roofline_ms'] * 1e3:.1f}") if i == 0 else ("", "", "", "", "")
+            if c.get("median_ms"):
+                t = f"{c['median_ms'] * 1e3:.1f} ±{c['iqr_ms'] * 1e3:.1f}"
+                cells = (report.best(t) if c["median_ms"] == fastest else t, f"{c['tflops']:.1f}", f"{c['gbs']:.0f}",
+                         f"{c['pct_roofline']:.1%}", f"{c['speedup']:.1f}x" if c.get("speedup") else "-")
+            else:
+                cells = (report.warn(c["status"][:60]), "", "", "", "")
+            rows.append(head + (report.escape(c["impl"]),) + cells)
+    report.table("kdtr bench", ["shape", "BxTxH", "P", "bound", "floor us", "impl", "time us", "TFLOP/s", "GB/s",
+                                "% roofline", "vs torch"], rows,
+                 right=("floor us", "time us", "TFLOP/s", "GB/s", "% roofline", "vs torch"))
+
+
+def load_bench_report(path: str) -> dict:
+    """A saved `kdtr bench --json` run, its structure checked (InputError naming what it is instead)."""
+    try:
+        d = json.loads(Path(path).read_text())
+    except OSError as e:
+        raise InputError(f"{path}: cannot read it ({e.strerror or e})") from None
+    except ValueError as e:
+        raise InputError(f"{path}: not JSON ({e}); give two `kdtr bench --json FILE.json` runs") from None
+
+    def cell_ok(c) -> bool:
+        timed = ("median_ms", "iqr_ms")
+        return isinstance(c, dict) and isinstance(c.get("impl"), str) and (
+            not c.get("median_ms") or all(isinstance(c.get(k), (int, float)) for k in timed))
+
+    rows = d.get("rows") if isinstance(d, dict) else None
+    if not isinstance(rows, list) or not all(isinstance(r, dict) and isinstance(r.get("shape"), str)
+                                             and isinstance(r.get("cells"), list) and all(map(cell_ok, r["cells"]))
+                                             for r in rows):
+        what = "a kdtr verify report" if isinstance(d, dict) and "results" in d and "counts" in d else "some other JSON"
+        raise InputError(f"{path}: {what}, not a kdtr bench report; write one with `kdtr bench --json FILE.json`")
+    return d
+
+
+def bench_compare(old_path: str, new_path: str) -> dict:
+    from kdtr.bench.run import compare_runs
+
+    old, new = load_bench_report(old_path), load_bench_report(new_path)
+    return {"old": old_path, "new": new_path, "changes": compare_runs(old, new)}
+
+
+def render_bench_compare(d: dict) -> None:
+    from kdtr.cli import report
+
+    rows = [(report.escape(c["shape"]), report.escape(c["impl"]), f"{c['old_ms'] * 1e3:.1f}", f"{c['new_ms'] * 1e3:.1f}",
+             f"{c['ratio']:.2f}x", report.status_text(c["change"])) for c in d["changes"]]
+    report.table(f"bench compare {d['old']} -> {d['new']}", ["shape", "impl", "old us", "new us", "speedup", "change"],
+                 rows, right=("old us", "new us", "speedup"), no_wrap=("change",))
+    if not d["changes"]:
+        report.note("no (shape, impl) pair was timed in both runs")
+
+
+def _rows(data: dict):
+    from kdtr.bench.run import Cell, Row
+
+    return [Row(**{**r, "cells": [Cell(**c) for c in r["cells"]]}) for r in data["rows"]]
+
+
+def write_csv(path: str, data: dict) -> None:
+    """One line per (shape, impl) of a bench run."""
+    import csv
+    import io
+
+    from kdtr.bench.run import to_csv_rows
+
+    flat = to_csv_rows(_rows(data))
+    buf = io.StringIO()
+    if flat:
+        w = csv.DictWriter(buf, fieldnames=list(flat[0]))
+        w.writeheader()
+        w.writerows(flat)
+    write_file(path, buf.getvalue(), "--csv")
+
+
+def write_plot(path: str, data: dict) -> None:
+    """% of roofline vs prefix per budget (matplotlib)."""
+    from kdtr.bench.run import plot
+
+    plot(_rows(data), path)
+
+
+def check_bench_options(devices: int, shape: dict, csv_file, plot_file, json_to) -> None:
+    import importlib.util
+
+    check_output(json_to, "--json", ".json")
+    check_output(csv_file, "--csv", ".csv")
+    check_output(plot_file, "--plot", ".png")
+    at_least("--devices", devices, 1)
+    at_least("--page-size", shape["page_size"], 1)
+    if plot_file and importlib.util.find_spec("matplotlib") is None:
+        raise InputError("--plot needs matplotlib: pip install 'kdtr[plot]'")
+
+
+@click.group(invoke_without_command=True)
+@click.option("-k", "--kernel", "kernels", multiple=True, default=("flash", "flash-sm90"), show_default=True,
+              help="Kernel(s) to time: built-in name, file.cu:symbol, module:fn or file.py:fn (repeatable); "
+                   "flash-sm90 is skipped off sm_90.")
+@click.option("--baselines", default="eager,sdpa,flex", show_default=True,
+              help="Torch baselines side by side (comma list of eager, sdpa, flex; 'none' for none).")
+@click.option("--set", "sets", multiple=True, help="Named shape set(s): compute, memory.")
+@click.option("--suite", default=None, help="Time the cases of a suite (smoke, ci, long).")
+@click.option("--model", default=None, help="Grid: models, e.g. deepseek-v3,kimi-k2.")
+@click.option("--tp", default=None, help="Grid: tensor-parallel degrees, e.g. 8.")
+@click.option("--budget", default=None, help="Grid: budgets, e.g. 64,256 (0 = decode).")
+@click.option("--prefix", default=None, help="Grid: prefix lengths, e.g. 8k,32k,128k.")
+@click.option("--batch", default=None, help="Grid: batch sizes, e.g. 1,8.")
+@click.option("--page-size", type=int, default=64, show_default=True)
+@click.option("--kv-dtype", default="bf16", show_default=True)
+@click.option("--out-dtype", default=None)
+@click.option("--peaks", "peaks_only", is_flag=True, help="Measure (or show the cached) GPU peaks and stop.")
+@click.option("--remeasure", is_flag=True, help="Re-measure the peaks instead of using the cache.")
+@click.option("--no-check", is_flag=True, help="Skip the correctness gate before timing.")
+@click.option("--devices", type=int, default=1, show_default=True, help="Spread shapes over this many local GPUs.")
+@json_option("The full results")
+@click.option("--csv", "csv_file", type=click.Path(dir_okay=False), help="Write one line per (shape, impl) to FILE.csv.")
+@click.option("--plot", "plot_file", type=click.Path(dir_okay=False), help="FILE.png: % of roofline vs prefix per budget.")
+@click.pass_context
+def bench(ctx, kernels, baselines, sets, suite, peaks_only, remeasure, no_check, devices, json_to, csv_file,
+          plot_file, **shape):
+    """Time kernels against the GPU's roofline and torch baselines (`kdtr bench compare A B` to diff runs)."""
+    if ctx.invoked_subcommand:
+        return
+    from kdtr.kernels.launch import gpu_available, gpu_unavailable_reason
+    from kdtr.kernels.registry import resolve_kernel
+
+    check_bench_options(devices, shape, csv_file, plot_file, json_to)
+    names = baseline_names(baselines)
+    specs = [] if peaks_only else bench_specs(suite, sets, shape)
+    for k in kernels:
+        resolve_kernel(k)  # a misspelt kernel is reported before the GPU is touched
+    if not gpu_available():
+        raise InputError(f"kdtr bench times kernels on a CUDA GPU: none here ({gpu_unavailable_reason()}); "
+                         "the options are fine")
+    peaks = bench_peaks(remeasure)
+    if peaks_only:
+        emit(peaks, json_to, render_peaks)
+        return
+    data = bench_run(specs, list(kernels), names, peaks, not no_check, devices, progress=json_to != STDOUT)
+    emit(data, json_to, render_bench)
+    if csv_file:
+        write_csv(csv_file, data)
+    if plot_file:
+        write_plot(plot_file, data)
+
+
+@bench.command("compare")
+@click.argument("old", type=str)
+@click.argument("new", type=str)
+@json_option("The changes")
+def bench_compare_cmd(old, new, json_to):
+    """Per-shape change between two `kdtr bench --json` runs, flagged beyond the measured noise."""
+    check_output(json_to, "--json", ".json")
+    emit(bench_compare(old, new), json_to, render_bench_compare)
