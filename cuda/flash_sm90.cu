@@ -55,7 +55,7 @@
 //     of O^T += V^T P_x^T with mma.sync (ldmatrix.trans of the tile). Not wgmma there: its
 //     accumulators sit above the 24 low registers and 128 + 16 of them do not fit a consumer's 160;
 //     mma.sync waits for the tensor pipe behind the wgmma in flight, so a 72-row tile costs ~1.8
-//     64-row ones (measured: docs/PERF.md ledger). O^T leaves through shared memory as whole rows.
+//     64-row ones (measured: docs/PERF.md ledger, xr-rows). O^T leaves through shared memory as whole rows.
 //   * Hand-offs are named barriers: "P full" per stage (all 384 threads sync), "tile landed" per
 //     stage (consumers arrive after their copies land, the producer syncs; it also tells the
 //     producer the stage's P buffer is free), "consumers done" (256) and the final statistics.
@@ -498,7 +498,7 @@ __global__ void __launch_bounds__(flash_sm90::NTHREADS, XR == flash_sm90::ROWS_T
   static_assert(XR == ROWS_TILES || XR == ROWS_EXTRA || XR == ROWS_TRANSPOSED, "a RowLayout");
   static_assert(MERGE == MERGE_COMBINE || MERGE == MERGE_IN_KERNEL || MERGE == MERGE_WORK_TABLE, "a Merge");
   // transposed rows merge by the combine launch: a 65..72-row tile has 260+ units, more than the plan's
-  // splits; ROWS_TRANSPOSED's in-kernel merge was no faster than the narrow combine launch (docs/PERF.md ledger)
+  // splits; ROWS_TRANSPOSED's in-kernel merge was no faster than the narrow combine launch (docs/PERF.md ledger, xr-only-merge)
   static_assert(MERGE == MERGE_COMBINE || XR == ROWS_TILES, "transposed rows merge by the combine launch");
   constexpr bool EARLY = XR == ROWS_EXTRA;  // the early alpha hand-off (see the design notes above)
   constexpr bool WORK_TABLE = MERGE == MERGE_WORK_TABLE, MERGE_HERE = MERGE == MERGE_IN_KERNEL;

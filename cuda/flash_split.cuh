@@ -464,7 +464,7 @@ __global__ void __launch_bounds__(32 * COMBINE_WARPS) kdtr_flash_combine_jobs(co
 // for decode grids of few rows, where kdtr_flash_combine's CTAs, one per row and 128 columns, read their
 // splits in steps of 72 partial rows, an L2 round trip each, with the lse maximum a trip of its own (~6 us
 // after the all-transposed build's 241 splits); 32 columns for 8 rows, 64 on more; 4 warps where they take every split in one
-// step, so that twice the CTAs are resident and a grid of up to ~80 rows is one wave (docs/PERF.md ledger).
+// step, so that twice the CTAs are resident and a grid of up to ~80 rows is one wave (docs/PERF.md ledger, combine-narrow, narrow-warps).
 template <typename OutT, int COLS, int WARPS>
 __global__ void __maxnreg__(128) kdtr_flash_combine_narrow(const KdtrParams p) {  // 32 * WARPS threads
   __shared__ float red[narrow_red_floats(COLS, WARPS)];
@@ -474,7 +474,7 @@ __global__ void __maxnreg__(128) kdtr_flash_combine_narrow(const KdtrParams p) {
 }
 
 // One CTA per (row, request, column chunk): kdtr::merge_row over the chunk's columns. Decode
-// batches (few rows) run 4 chunks so the merge streams on more SMs; large batches one, which keeps
+// batches (few rows) use 4 chunks so the merge streams on more SMs; large batches one, which keeps
 // the CTA count (and its fixed cost) down (kdtr/kernels/flash/plan.py picks). Chunk 0 writes lse.
 // __maxnreg__, not __launch_bounds__(256): under those bounds ptxas gave it 32 registers and issued
 // each split's loads after the previous split's use (tests/kernels/test_compile.py).

@@ -93,7 +93,7 @@ def verify_bundle(kernel, bundle: Bundle, repeat: int = 1, overrides: dict | Non
             again = kernel.run(bundle.problem, bundle.out_dtype)
             if not _same_bits(first.out, again.out) or (kernel.writes_lse and not _same_bits(first.lse, again.lse)):
                 res.status = worst_status([res.status, Status.RACE])
-                res.message = f"run {i + 1} of {repeat} differs bitwise from run 1 (a race)"
+                res.message = f"repeat {i + 1} of {repeat} differs bitwise from the first run (a race)"
                 break
     except Exception as e:  # the kernel's failure is this case's status, never the run's end
         res.status, res.message = classify_error(e)

@@ -105,7 +105,7 @@ FLASH_SM90_HANDOFFS = ("alpha_s[", "stats[", "P_x hand-off")
 named barriers order them: the rescale factors (written after "tile landed", read after "P full"),
 the final row sums (bar.arrive -> bar.sync) and the transposed rows' P_x (same barriers as the
 rescale factors; its two lines say so). A minimal kernel with the same protocol is reported the same
-way (docs/PERF.md ledger)."""
+way (docs/KERNELS.md, the hand-offs)."""
 
 
 def assert_only_known_handoffs(rep):

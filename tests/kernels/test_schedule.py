@@ -116,7 +116,7 @@ def table(T, H, P, pl, bug=0, l2=L2, tile_ns=FLASH_SM90.tile_ns, **force):
 
 
 def test_the_136_job_grid_takes_whole_jobs_and_spreads_the_rest():
-    """DeepSeek T65 P8k B8: uniform splits run 544 CTAs, 4.12 waves; the work table runs 132
+    """DeepSeek T65 P8k B8: uniform splits launch 544 CTAs, 4.12 waves; the work table runs 132
     whole jobs and spread the other 4 over every SM: the model says ~25 % less."""
     T, H, P = SHAPES["deepseek-t65-p8k-b8"]
     pl = flash_sm90_plan(T, H, P)
