@@ -2,8 +2,9 @@
 
 Order of checks, as FlashMLA does it: shape, unwritten (poison) elements, NaN/Inf positions,
 then element-wise atol/rtol and the global relative-norm and cosine bounds. The worst element
-is named as (b, node, head, dim) and errors are broken down per tree node and per depth, so a
-mask bug shows up as whole nodes failing.
+is named as (b, node, head, dim) and errors are broken down per tree node, per depth, per request
+and per head, so a mask bug shows up as whole nodes failing and a batch- or head-indexing bug as
+every request (head) but the first failing.
 """
 
 from __future__ import annotations
@@ -80,6 +81,17 @@ class Check:
     """[T] worst ratio per tree node."""
     depth_ratio: dict[int, float] = field(default_factory=dict)
     """Worst ratio per node depth."""
+    bad_requests: list[int] = field(default_factory=list)
+    """Requests (over every node and head) holding a failing element: a batch-indexing bug fails
+    every request but one, or all of them."""
+    request_ratio: list[float] = field(default_factory=list)
+    """[B] worst ratio per request."""
+    bad_heads: list[int] = field(default_factory=list)
+    """Heads (over every request and node) holding a failing element."""
+    head_ratio: list[float] = field(default_factory=list)
+    """[H] worst ratio per head."""
+    where: str = ""
+    """Which request, head, node and depth groups hold failing elements, one line ("" when none)."""
     message: str = ""
     """One line for the table."""
 
@@ -107,11 +119,13 @@ def compare(got: np.ndarray, want: np.ndarray, tol: Tol, output: str = "out", de
     chk = Check(output, Status.PASS, tol)
     unwritten = poison_mask(got)
     if unwritten.any():
-        return _flag(chk, Status.UNWRITTEN, unwritten, got, want, f"{int(unwritten.sum())} elements never written")
+        return _flag(chk, Status.UNWRITTEN, unwritten, got, want, f"{int(unwritten.sum())} elements never written",
+                     depth)
     g = got.astype(np.float64)
     bad_pos = np.isfinite(g) != np.isfinite(want)
     if bad_pos.any():
-        return _flag(chk, Status.NAN, bad_pos, got, want, f"{int(bad_pos.sum())} NaN/Inf where the reference is finite")
+        return _flag(chk, Status.NAN, bad_pos, got, want,
+                     f"{int(bad_pos.sum())} NaN/Inf where the reference is finite", depth)
 
     err = np.abs(g - want)
     bound = tol.atol + tol.rtol * np.abs(want)
@@ -140,26 +154,66 @@ def compare(got: np.ndarray, want: np.ndarray, tol: Tol, output: str = "out", de
 
 
 def _locate(chk: Check, score: np.ndarray, got: np.ndarray, want: np.ndarray, depth: np.ndarray | None) -> None:
-    """Fill worst element and the per-node / per-depth breakdown from a score array [B, T, ...]."""
+    """Fill worst element and the per-node / depth / request / head breakdown from a score array
+    [B, T, H, ...] (> 1 fails)."""
     flat = int(np.argmax(score))
     idx = np.unravel_index(flat, score.shape)
     chk.worst = tuple(int(i) for i in idx)
     chk.worst_got = float(got[idx])
     chk.worst_want = float(want[idx])
-    if score.ndim >= 2:
-        per_node = score.reshape(score.shape[0], score.shape[1], -1).max(axis=(0, 2))  # [T]
-        chk.node_ratio = [float(x) for x in per_node]
-        chk.bad_nodes = [int(t) for t in np.nonzero(per_node > 1.0)[0]]
-        if depth is not None:
-            per_bt = score.reshape(score.shape[0], score.shape[1], -1).max(axis=2)  # [B, T]
-            for d in np.unique(depth):
-                chk.depth_ratio[int(d)] = float(per_bt[depth == d].max())
+    if score.ndim < 2:
+        return
+    per_bt = score.reshape(score.shape[0], score.shape[1], -1).max(axis=2)  # [B, T]
+    per_node, per_req = per_bt.max(axis=0), per_bt.max(axis=1)
+    chk.node_ratio = [float(x) for x in per_node]
+    chk.bad_nodes = [int(t) for t in np.nonzero(per_node > 1.0)[0]]
+    chk.request_ratio = [float(x) for x in per_req]
+    chk.bad_requests = [int(b) for b in np.nonzero(per_req > 1.0)[0]]
+    groups = [("requests", chk.bad_requests, list(range(score.shape[0])))]
+    per_bth = None
+    if score.ndim >= 3:
+        per_bth = score.reshape(*score.shape[:3], -1).max(axis=3)  # [B, T, H]
+        per_head = per_bth.max(axis=(0, 1))
+        chk.head_ratio = [float(x) for x in per_head]
+        chk.bad_heads = [int(h) for h in np.nonzero(per_head > 1.0)[0]]
+        groups.append(("heads", chk.bad_heads, list(range(score.shape[2]))))
+    groups.append(("nodes", chk.bad_nodes, list(range(score.shape[1]))))
+    if depth is not None:
+        for d in np.unique(depth):
+            chk.depth_ratio[int(d)] = float(per_bt[depth == d].max())
+        groups.append(("depths", [d for d, r in chk.depth_ratio.items() if r > 1.0], sorted(chk.depth_ratio)))
+    if chk.bad_requests:
+        chk.where = "; ".join(_groups(name, bad, every) for name, bad, every in groups)
+        if per_bth is not None:  # the marginals overstate when only some of their combinations fail
+            rows, cells = int((per_bth > 1.0).sum()), len(chk.bad_requests) * len(chk.bad_nodes) * len(chk.bad_heads)
+            if rows < cells:
+                chk.where += f"; {rows} of those {cells} (request, node, head) rows fail"
 
 
-def _flag(chk: Check, status: Status, mask: np.ndarray, got, want, message: str) -> Check:
+def spans(idx) -> str:
+    """Sorted indices as ranges: [0, 1, 2, 5, 7, 8] -> "0-2,5,7-8"."""
+    idx, parts, i = sorted(int(x) for x in idx), [], 0
+    while i < len(idx):
+        j = i
+        while j + 1 < len(idx) and idx[j + 1] == idx[j] + 1:
+            j += 1
+        parts.append(str(idx[i]) if i == j else f"{idx[i]}-{idx[j]}")
+        i = j + 1
+    return ",".join(parts)
+
+
+def _groups(name: str, bad: list[int], every: list[int]) -> str:
+    """The failing ones among ``every``: "requests 1-5 of 0-5 (0 right)", "heads all 16"."""
+    if len(bad) == len(every):
+        return f"{name} all {len(every)}"
+    right = sorted(set(every) - set(bad))  # named when they are the few: "all but request 0"
+    return f"{name} {spans(bad)} of {spans(every)}" + (f" ({spans(right)} right)" if len(right) < len(bad) else "")
+
+
+def _flag(chk: Check, status: Status, mask: np.ndarray, got, want, message: str, depth: np.ndarray | None) -> Check:
     chk.status = status
     chk.n_bad = int(mask.sum())
-    _locate(chk, mask.astype(np.float64) * 2.0, got, want, None)  # bad elements score 2 (> 1)
+    _locate(chk, mask.astype(np.float64) * 2.0, got, want, depth)  # bad elements score 2 (> 1)
     chk.message = f"{chk.output}: {message}; first at {chk.worst}"
     return chk
 

@@ -3,9 +3,13 @@ process or each case in a child (kdtr/check/isolate.py), into one VerifyReport."
 
 from __future__ import annotations
 
+import platform
+import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+
+import numpy as np
 
 from kdtr.check.case import CaseResult, verify_bundle
 from kdtr.check.compare import Status
@@ -47,7 +51,10 @@ class VerifyReport:
     seconds: float
     """Wall time of the whole run."""
     device: str = "cpu"
-    """Where the kernel ran."""
+    """Where the kernel ran, one line for the table's title: "NVIDIA H200 sm_90, driver 580.159,
+    NVRTC 13.0, cupy 14.2" or "cpu, Python 3.12.3, numpy 2.2.6" (describe_device)."""
+    device_info: dict = field(default_factory=dict)
+    """The same in full: kind ("cuda" or "cpu") and, for a GPU, kdtr.kernels.launch.device_info()."""
     isolated: bool = False
     """Each case ran in its own child process."""
     sanitizer: str | None = None
@@ -69,8 +76,8 @@ class VerifyReport:
 
     def to_json(self) -> dict:
         return {
-            "kernel": self.kernel, "device": self.device, "seconds": self.seconds, "counts": self.counts,
-            "failed": self.failed, "isolated": self.isolated, "sanitizer": self.sanitizer,
+            "kernel": self.kernel, "device": self.device, "device_info": self.device_info, "seconds": self.seconds,
+            "counts": self.counts, "failed": self.failed, "isolated": self.isolated, "sanitizer": self.sanitizer,
             "lse_checked": self.lse_checked, "results": [r.to_json() for r in self.results],
         }
 
@@ -104,8 +111,43 @@ def run_verify(kernel, paths: list[Path], repeat: int = 1, overrides: dict | Non
         results.append(_explain_missing_lse(r))
         if on_case:
             on_case(r)
-    return VerifyReport(kernel.name, results, time.perf_counter() - t0, getattr(kernel, "device", "cpu"),
+    device, info = describe_device(kernel, results)
+    return VerifyReport(kernel.name, results, time.perf_counter() - t0, device, info,
                         isolated=isolate, sanitizer=sanitize or None, lse_checked=bool(kernel.writes_lse))
+
+
+def describe_device(kernel, results: list[CaseResult]) -> tuple[str, dict]:
+    """(one line, full dict) for where ``kernel`` ran. The GPU is asked only when a GPU kernel ran
+    a case (a CPU kernel's run never imports cupy); a GPU kernel that skipped every case ran nowhere."""
+    if not kernel.caps.needs_gpu:
+        info = {"kind": "cpu", "machine": platform.machine(), "python_version": platform.python_version(),
+                "numpy_version": np.__version__}
+        return f"cpu, Python {info['python_version']}, numpy {info['numpy_version']}", info
+    if all(r.status is Status.SKIPPED for r in results):
+        return "GPU kernel, no case ran", {"kind": "cuda", "ran": False}
+    from kdtr.kernels import launch
+
+    info = {"kind": "cuda", **launch.device_info()}
+    driver = _nvidia_driver()
+    if driver:
+        info["nvidia_driver"] = driver
+    cuda = info.get("driver_version")
+    parts = [f"{info.get('name')} {info.get('cc')}",
+             f"driver {driver}" if driver else (f"CUDA driver {cuda // 1000}.{cuda % 1000 // 10}" if cuda else None),
+             f"NVRTC {info['nvrtc_version']}" if info.get("nvrtc_version") else None,
+             f"cupy {info['cupy_version']}" if info.get("cupy_version") else None]
+    return ", ".join(p for p in parts if p), info
+
+
+def _nvidia_driver(path: str = "/proc/driver/nvidia/version") -> str | None:
+    """The NVIDIA kernel driver's version ("580.159"), where Linux shows it; else None."""
+    try:
+        with open(path) as f:
+            text = f.read()
+    except OSError:
+        return None
+    m = re.search(r"Kernel Module\s+(?:for \S+\s+)?([0-9]+(?:\.[0-9]+)+)", text)
+    return m.group(1) if m else None
 
 
 def _explain_missing_lse(r: CaseResult) -> CaseResult:

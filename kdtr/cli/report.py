@@ -65,13 +65,17 @@ def notice(head: str, message: str) -> None:
 
 
 def details(title: str, items: Iterable[tuple[str, str]]) -> None:
-    """``label: text`` lines under a table, each wrapped to the terminal (long messages)."""
+    """``label: text`` lines under a table, each wrapped to the terminal (long messages); the
+    further lines of a text with newlines follow indented under its label."""
     items = list(items)
     if not items:
         return
     _console.print(f"[bold]{escape(title)}[/]")
     for label, text in items:
-        _console.print(f"  [bold]{escape(label)}[/]: {escape(text)}", soft_wrap=False)
+        first, *more = str(text).split("\n")
+        _console.print(f"  [bold]{escape(label)}[/]: {escape(first)}", soft_wrap=False)
+        for line in more:
+            _console.print(f"    {escape(line)}", soft_wrap=False)
 
 
 def status_text(status: str) -> str:

@@ -83,20 +83,26 @@ def _figure(x: float | None) -> str:
 
 
 def _detail(r: dict) -> str:
+    """The message of a case that did not pass, the worst element, then a line per distinct
+    localisation of its failing outputs (which requests, heads, nodes, depths)."""
     out = next((c for c in r["checks"] if c["output"] == "out"), None)
     text = r["message"]
     if out and out["status"] != "PASS" and out.get("worst"):
         text += f" (worst element at {tuple(out['worst'])})"
-    if out and out["status"] != "PASS" and out.get("bad_nodes"):
-        text += f" (bad tree nodes {out['bad_nodes'][:8]}{'...' if len(out['bad_nodes']) > 8 else ''})"
+    wheres: dict[str, list[str]] = {}
+    for c in r["checks"]:
+        if c["status"] != "PASS" and c.get("where"):
+            wheres.setdefault(c["where"], []).append(c["output"])
+    for where, outputs in wheres.items():
+        text += f"\n{' and '.join(outputs)} failing in {where}"
     return text
 
 
 def render_verify(d: dict, wide: bool = False) -> None:
     from kdtr.cli import report
 
-    how = f", under compute-sanitizer {d['sanitizer']}" if d.get("sanitizer") else ""
-    title = f"kdtr verify -k {d['kernel']} ({d['device']}{how})"
+    how = f" under compute-sanitizer {d['sanitizer']}" if d.get("sanitizer") else ""
+    title = f"kdtr verify -k {d['kernel']}{how}\non {d['device']}"  # two lines: a GPU's line is long
     counts = ", ".join(f"{k} {v}" for k, v in sorted(d["counts"].items()))
     notes = [f"{counts} in {d['seconds']:.1f} s"]
     if not d.get("lse_checked", True):

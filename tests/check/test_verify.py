@@ -70,3 +70,86 @@ def test_repeat_catches_a_run_that_differs_bitwise(ci_paths):
     rep = run_verify(_Flaky(), bf16, repeat=3)
     assert rep.results[0].status is Status.RACE and "differs bitwise" in rep.results[0].message
     assert rep.failed
+
+
+# ---- the device a report names ----------------------------------------------------------------
+
+GPU_INFO = {"name": "NVIDIA H200", "cc": "sm_90", "sm_count": 132, "driver_version": 13000, "runtime_version": 13000,
+            "nvrtc_version": "13.0", "cupy_version": "14.2.0"}
+
+
+class _OnGpu:
+    """The CPU emulation posing as a GPU kernel (caps.needs_gpu), for the report's device without a GPU."""
+
+    def __init__(self):
+        from dataclasses import replace
+
+        self.inner = resolve_kernel("emulate-flash")
+        self.name, self.writes_lse, self.caps = "on-gpu", True, replace(self.inner.caps, needs_gpu=True)
+
+    def run(self, problem, out_dtype):
+        return self.inner.run(problem, out_dtype)
+
+
+def test_a_cpu_kernel_reports_cpu_and_its_versions_without_asking_the_gpu(small_dir, monkeypatch):
+    import platform
+
+    import numpy as np
+
+    from kdtr.kernels import launch
+
+    monkeypatch.setattr(launch, "device_info", lambda: pytest.fail("asked the GPU for a CPU kernel"))
+    rep = run_verify(resolve_kernel("emulate-flash"), find_bundles([str(small_dir)]))
+    assert rep.device == f"cpu, Python {platform.python_version()}, numpy {np.__version__}"
+    d = rep.to_json()
+    assert d["device"] == rep.device and d["device_info"]["kind"] == "cpu"
+    assert d["device_info"]["numpy_version"] == np.__version__
+
+
+@pytest.mark.parametrize("driver,line", [
+    ("580.159", "NVIDIA H200 sm_90, driver 580.159, NVRTC 13.0, cupy 14.2.0"),
+    (None, "NVIDIA H200 sm_90, CUDA driver 13.0, NVRTC 13.0, cupy 14.2.0"),  # no /proc/driver/nvidia here
+])
+def test_a_gpu_kernel_reports_the_gpu(small_dir, monkeypatch, driver, line):
+    from kdtr.check import suite
+    from kdtr.kernels import launch
+
+    monkeypatch.setattr(launch, "gpu_available", lambda: True)
+    monkeypatch.setattr(launch, "device_info", lambda: dict(GPU_INFO))
+    monkeypatch.setattr(suite, "_nvidia_driver", lambda: driver)
+    rep = run_verify(_OnGpu(), find_bundles([str(small_dir)]))
+    assert rep.device == line and rep.device_info["kind"] == "cuda" and rep.device_info["sm_count"] == 132
+    assert rep.device_info.get("nvidia_driver") == driver
+
+
+def test_a_gpu_kernel_that_ran_nothing_names_no_gpu(small_dir, monkeypatch):
+    from kdtr.kernels import launch
+
+    monkeypatch.setattr(launch, "gpu_available", lambda: False)  # every case SKIPPED: needs a GPU
+    monkeypatch.setattr(launch, "device_info", lambda: pytest.fail("asked the GPU though no case ran"))
+    rep = run_verify(_OnGpu(), find_bundles([str(small_dir)]))
+    assert all(r.status is Status.SKIPPED for r in rep.results)
+    assert rep.device == "GPU kernel, no case ran" and rep.device_info == {"kind": "cuda", "ran": False}
+
+
+def test_nvidia_driver_version_is_read_from_proc(tmp_path):
+    from kdtr.check.suite import _nvidia_driver
+
+    for text, want in [
+        ("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159  Release Build  (dvs-builder@U16)\n",
+         "580.159"),
+        ("NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15  Tue Mar  5 22:23:56 UTC 2024\n", "550.54.15"),
+    ]:
+        (tmp_path / "version").write_text(text)
+        assert _nvidia_driver(str(tmp_path / "version")) == want
+    assert _nvidia_driver(str(tmp_path / "missing")) is None
+
+
+def test_the_table_title_names_the_device(kdtr, small_dir, capsys):
+    from kdtr.cli.verify import render_verify
+
+    r = kdtr("verify", "-k", "emulate-flash", small_dir)
+    assert r.exit_code == 0 and r.stdout.splitlines()[1].startswith("on cpu, Python "), r.stdout
+    rep = run_verify(resolve_kernel("emulate-flash"), find_bundles([str(small_dir)]))
+    render_verify({**rep.to_json(), "device": GPU_INFO["name"] + " sm_90, driver 580.159"})
+    assert capsys.readouterr().out.splitlines()[1].strip() == "on NVIDIA H200 sm_90, driver 580.159"
