@@ -14,6 +14,8 @@ _EXPORTS = {
     # inputs: shapes, trees, the operator's arrays
     "CaseSpec": "kdtr.inputs.cases", "build_problem": "kdtr.inputs.cases", "Problem": "kdtr.inputs.problem",
     "visible_flops": "kdtr.inputs.problem", "suite": "kdtr.inputs.suites",
+    # adapters: a server's layouts
+    "to_sglang": "kdtr.adapters.sglang", "from_sglang": "kdtr.adapters.sglang",
     # kernels: built-ins, user CUDA files and Python callables behind one spec string
     "resolve_kernel": "kdtr.kernels.registry", "builtin_names": "kdtr.kernels.registry", "Bug": "kdtr.kernels.bugs",
     # golden: the float64 reference and the .kdtr bundle

@@ -2,7 +2,7 @@
 inside functions too, so that a stray import anywhere fails here rather than on a machine without
 the package or as a cycle at run time.
 
-- Stages import one way: inputs <- kernels <- golden <- check <- bench <- cli. A module may import
+- Stages import one way: inputs <- adapters <- kernels <- golden <- check <- bench <- cli. A module may import
   its own stage and the stages before it, never one after; nothing imports the CLI.
 - No import cycle between modules.
 - Only kdtr/kernels/launch.py imports cupy, only kdtr/cli/report.py imports rich, only kdtr/cli/
@@ -18,7 +18,7 @@ import pytest
 
 KDTR = Path(__file__).resolve().parent.parent / "kdtr"
 
-STAGES = ("inputs", "kernels", "golden", "check", "bench", "cli")
+STAGES = ("inputs", "adapters", "kernels", "golden", "check", "bench", "cli")
 """kdtr's stage folders, in import order: each may import the ones before it."""
 BASE = {"kdtr.errors", "kdtr.version"}
 """Root modules every stage may import (they import nothing of kdtr)."""

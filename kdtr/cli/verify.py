@@ -121,7 +121,7 @@ def render_verify(d: dict, wide: bool = False) -> None:
                          _figure(s[0]) if s else "-", s[1] if s else ""))
         report.table(title, ["case", "status", "err/tol", "from"], rows, right=("err/tol",),
                      no_wrap=("status", "err/tol", "from"), caption="; ".join(notes))
-    report.details("not passed", [(label(r["case"]), _detail(r)) for r in d["results"] if r["status"] != "PASS"])
+    report.details("skipped or failed, and why", [(label(r["case"]), _detail(r)) for r in d["results"] if r["status"] != "PASS"])
 
 
 def _wide_table(report, d: dict, title: str, caption: str) -> None:

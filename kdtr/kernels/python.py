@@ -11,6 +11,19 @@ GPU with ``fn.kdtr_device = "cpu"`` (bf16 as ml_dtypes.bfloat16, the mask uint32
 [B, T, H, 512] in out_dtype ("fp32" or "bf16"), lse [B, T, H] fp32 natural log. A callable that
 does not compute lse sets ``fn.kdtr_writes_lse = False`` and returns out alone (lse is then not
 checked); ``fn.kdtr_caps`` (a kdtr.kernels.caps.Caps) limits what it takes, other bundles SKIP.
+
+A callable written for SGLang's target-verify layout sets ``fn.kdtr_layout = "sglang"`` (flat bool
+mask) or ``"sglang-bitpacked"`` (one mask word per query row; bundles with T > 32 SKIP) and gets
+kdtr.adapters.sglang's tensors instead, on the same device and framework as above::
+
+    fn(q, k_buffer, v_buffer, kv_indptr, kv_indices, k_extend, v_extend, qo_indptr, custom_mask,
+       mask_indptr, *, scale, out_dtype) -> (out, lse)
+
+with SGLang's extend_attention meaning: q [B*T, H, 576]; k_buffer [slots, 1, 576] the page-size-1
+token pool, v_buffer its first 512 columns; kv_indptr [B+1] int32 / kv_indices int64 the prefix
+slots; k_extend [B*T, 1, 576] / v_extend the tree nodes' latents (also in the pool); qo_indptr
+[B+1] int32; custom_mask and mask_indptr as SglangBatch documents them (torch: a bit-packed mask as
+int32). out is [B*T, H, 512], lse [B*T, H]; kdtr reshapes them to [B, T, H, ...].
 """
 
 from __future__ import annotations
@@ -24,10 +37,11 @@ from pathlib import Path
 
 import numpy as np
 
+from kdtr.adapters.sglang import MAX_BITPACKED_T, to_sglang
 from kdtr.errors import KernelSpecError
 from kdtr.kernels.caps import Caps
 from kdtr.kernels.launch import DeviceProblem, cupy_module, synchronize
-from kdtr.kernels.launch_types import KernelRuntimeError, RunOutput, to_f32
+from kdtr.kernels.launch_types import KernelRuntimeError, RunOutput, storage_bits, to_f32
 
 PY_SPEC = re.compile(r"(?:(?P<file>[^:]+\.py)|(?P<module>[A-Za-z_][\w.]*)):(?P<attr>[A-Za-z_][\w.]*)")
 """A kernel spec naming a Python callable: ``package.module:fn`` or ``path/to/file.py:fn``."""
@@ -35,6 +49,11 @@ DEVICES = ("cuda", "cpu")
 """Values of ``fn.kdtr_device`` (default "cuda")."""
 FRAMEWORKS = ("cupy", "torch")
 """Values of ``fn.kdtr_framework`` (default "cupy"; used with kdtr_device "cuda")."""
+LAYOUTS = ("kdtr", "sglang", "sglang-bitpacked")
+"""Values of ``fn.kdtr_layout`` (default "kdtr"): which tensors the callable is handed."""
+SGLANG_ARGS = ("q", "k_buffer", "v_buffer", "kv_indptr", "kv_indices", "k_extend", "v_extend", "qo_indptr",
+               "custom_mask", "mask_indptr")
+"""The positional arguments of an SGLang-layout callable: kdtr.adapters.sglang.SglangBatch fields."""
 MISSING_LSE = ("the callable returned out alone: return (out, lse), or set kdtr_writes_lse = False on it "
                "if it does not compute lse")
 """The fix a SHAPE failure of a missing lse names (kdtr.check.suite adds it to that case's message)."""
@@ -47,12 +66,26 @@ class PyCallableKernel:
         self.fn, self.name = fn, name
         self.framework = getattr(fn, "kdtr_framework", "cupy")
         self.device = getattr(fn, "kdtr_device", "cuda")
-        self.caps = replace(getattr(fn, "kdtr_caps", None) or caps or Caps(), needs_gpu=self.device == "cuda")
+        self.layout = getattr(fn, "kdtr_layout", "kdtr")
+        caps = replace(getattr(fn, "kdtr_caps", None) or caps or Caps(), needs_gpu=self.device == "cuda")
+        if self.layout == "sglang-bitpacked":
+            caps = replace(caps, max_T=min(caps.max_T or MAX_BITPACKED_T, MAX_BITPACKED_T))
+        self.caps = caps
         self.writes_lse = bool(getattr(fn, "kdtr_writes_lse", True))
 
+    def _host_args(self, problem) -> list[np.ndarray]:
+        """The callable's positional arguments as numpy arrays, in its layout."""
+        if self.layout == "kdtr":
+            return [np.ascontiguousarray(a) for a in (problem.q, problem.kv_cache)] + [
+                np.ascontiguousarray(a, t) for a, t in ((problem.block_table, np.int32), (problem.prefix_lens, np.int32),
+                                                        (problem.tree_mask, np.uint32))]
+        batch = to_sglang(problem, bitpacked=self.layout == "sglang-bitpacked")
+        return [getattr(batch, name) for name in SGLANG_ARGS]
+
     def _call(self, args, problem, out_dtype: str):
+        kw = {"page_size": problem.page_size} if self.layout == "kdtr" else {}
         try:
-            res = self.fn(*args, scale=float(problem.scale), page_size=problem.page_size, out_dtype=out_dtype)
+            res = self.fn(*args, scale=float(problem.scale), out_dtype=out_dtype, **kw)
             if self.device == "cuda" and self.framework == "torch":
                 import torch
 
@@ -61,48 +94,61 @@ class PyCallableKernel:
         except Exception as e:
             raise KernelRuntimeError(f"{self.name}: {type(e).__name__}: {e}") from e
 
-    def _outputs(self, res):
-        """(out, lse or None) from what fn returned."""
+    def _outputs(self, res, problem) -> tuple[np.ndarray, np.ndarray | None]:
+        """(out, lse or None) as float32 numpy in kdtr's shapes, from what fn returned."""
+        out, lse = res, None
         if isinstance(res, (tuple, list)):
             if len(res) != 2:
                 raise KernelRuntimeError(f"{self.name}: returned {len(res)} values; return (out, lse)")
-            out, lse = res
-            return out, (lse if self.writes_lse else None)
-        return res, None
+            out, lse = res[0], (res[1] if self.writes_lse else None)
+        out, lse = to_f32(out), None if lse is None else to_f32(lse)
+        if self.layout == "kdtr":
+            return out, lse
+        B, T, H = problem.B, problem.T, problem.H
+        for what, a, shape, dims in (("out", out, (B * T, H, 512), "[B*T, H, 512]"), ("lse", lse, (B * T, H), "[B*T, H]")):
+            if a is not None and a.shape != shape:
+                raise KernelRuntimeError(f"{self.name}: the SGLang layout returns {what} {dims} = {list(shape)}, "
+                                         f"got {list(a.shape)}")
+        return out.reshape(B, T, H, 512), None if lse is None else lse.reshape(B, T, H)
 
     def _run_cpu(self, problem, out_dtype: str) -> RunOutput:
         problem.validate()
-        args = [np.ascontiguousarray(a) for a in (problem.q, problem.kv_cache)] + [
-            np.ascontiguousarray(a, t) for a, t in ((problem.block_table, np.int32), (problem.prefix_lens, np.int32),
-                                                    (problem.tree_mask, np.uint32))]
+        args = self._host_args(problem)
         t0 = time.perf_counter()
         res = self._call(args, problem, out_dtype)
         ms = (time.perf_counter() - t0) * 1e3
-        out, lse = self._outputs(res)
-        return RunOutput(to_f32(out), None if lse is None else to_f32(lse), ms)
+        return RunOutput(*self._outputs(res, problem), ms)
+
+    def _device_args(self, cp, problem, out_dtype: str) -> list:
+        """The callable's positional arguments as cupy arrays (bf16 as uint16 bits), in its layout."""
+        if self.layout == "kdtr":
+            dp = DeviceProblem(problem, out_dtype)
+            return [dp.q, dp.kv_cache, dp.block_table, dp.prefix_lens, dp.tree_mask]
+        host = dict(zip(SGLANG_ARGS, self._host_args(problem)))
+        dev = {k: cp.asarray(storage_bits(a)) for k, a in host.items() if k not in ("v_buffer", "v_extend")}
+        dev["v_buffer"], dev["v_extend"] = dev["k_buffer"][..., :512], dev["k_extend"][..., :512]  # views, as SGLang's
+        return [dev[k] for k in SGLANG_ARGS]
 
     def run(self, problem, out_dtype: str) -> RunOutput:
         if self.device == "cpu":
             return self._run_cpu(problem, out_dtype)
         cp = cupy_module()
-        dp = DeviceProblem(problem, out_dtype)
-        args = [dp.q, dp.kv_cache, dp.block_table, dp.prefix_lens, dp.tree_mask]
+        args = self._device_args(cp, problem, out_dtype)
         bf16 = problem.kv_dtype == "bf16"
         if self.framework == "torch":
             import torch
 
             args = [
-                torch.from_dlpack(a.view(cp.int16)).view(torch.bfloat16) if (i < 2 and bf16)
+                torch.from_dlpack(a.view(cp.int16)).view(torch.bfloat16) if (a.dtype == cp.uint16 and bf16)
                 else torch.from_dlpack(a.view(cp.int32) if a.dtype == cp.uint32 else a)
-                for i, a in enumerate(args)
+                for a in args
             ]
         start, stop = cp.cuda.Event(), cp.cuda.Event()
         start.record()
         res = self._call(args, problem, out_dtype)
         stop.record()
         synchronize(cp, self.name)
-        out, lse = self._outputs(res)
-        return RunOutput(to_f32(out), None if lse is None else to_f32(lse), float(cp.cuda.get_elapsed_time(start, stop)))
+        return RunOutput(*self._outputs(res, problem), float(cp.cuda.get_elapsed_time(start, stop)))
 
 
 def _one_line(e: BaseException) -> str:
@@ -163,6 +209,9 @@ def python_kernel(spec: str) -> PyCallableKernel:
     if device == "cpu" and framework != "cupy":
         raise KernelSpecError(f"{spec}: kdtr_device 'cpu' hands the callable numpy arrays; kdtr_framework "
                               f"{framework!r} needs kdtr_device 'cuda'")
+    layout = getattr(obj, "kdtr_layout", "kdtr")
+    if layout not in LAYOUTS:
+        raise KernelSpecError(f"{spec}: kdtr_layout must be one of {', '.join(map(repr, LAYOUTS))}, got {layout!r}")
     if not isinstance(getattr(obj, "kdtr_writes_lse", True), bool):
         raise KernelSpecError(f"{spec}: kdtr_writes_lse must be True or False, got {obj.kdtr_writes_lse!r}")
     caps = getattr(obj, "kdtr_caps", None)
