@@ -16,7 +16,6 @@ from kdtr.check.compare import Status
 from kdtr.errors import InputError
 from kdtr.golden.bundle import load_bundle
 from kdtr.golden.tolerances import check_overrides
-from kdtr.kernels.python import MISSING_LSE
 
 
 def preflight(kernel) -> None:
@@ -108,7 +107,7 @@ def run_verify(kernel, paths: list[Path], repeat: int = 1, overrides: dict | Non
             r = iso.run_case(kernel, spec or kernel.name, path, repeat, overrides, timeout, sanitizer)
         else:
             r = verify_bundle(kernel, load_bundle(path), repeat=repeat, overrides=overrides)
-        results.append(_explain_missing_lse(r))
+        results.append(r)
         if on_case:
             on_case(r)
     device, info = describe_device(kernel, results)
@@ -148,13 +147,3 @@ def _nvidia_driver(path: str = "/proc/driver/nvidia/version") -> str | None:
         return None
     m = re.search(r"Kernel Module\s+(?:for \S+\s+)?([0-9]+(?:\.[0-9]+)+)", text)
     return m.group(1) if m else None
-
-
-def _explain_missing_lse(r: CaseResult) -> CaseResult:
-    """A SHAPE failure because lse came back missing (a Python callable returning out alone) names its fix."""
-    for c in r.checks:
-        if c.output == "lse" and c.status is Status.SHAPE and c.message.startswith("lse: shape None"):
-            c.message = f"{c.message}: {MISSING_LSE}"
-            if r.message.startswith("lse: shape None"):
-                r.message = c.message
-    return r

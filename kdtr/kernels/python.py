@@ -54,9 +54,6 @@ LAYOUTS = ("kdtr", "sglang", "sglang-bitpacked")
 SGLANG_ARGS = ("q", "k_buffer", "v_buffer", "kv_indptr", "kv_indices", "k_extend", "v_extend", "qo_indptr",
                "custom_mask", "mask_indptr")
 """The positional arguments of an SGLang-layout callable: kdtr.adapters.sglang.SglangBatch fields."""
-MISSING_LSE = ("the callable returned out alone: return (out, lse), or set kdtr_writes_lse = False on it "
-               "if it does not compute lse")
-"""The fix a SHAPE failure of a missing lse names (kdtr.check.suite adds it to that case's message)."""
 
 
 class PyCallableKernel:
@@ -72,6 +69,12 @@ class PyCallableKernel:
             caps = replace(caps, max_T=min(caps.max_T or MAX_BITPACKED_T, MAX_BITPACKED_T))
         self.caps = caps
         self.writes_lse = bool(getattr(fn, "kdtr_writes_lse", True))
+
+    @staticmethod
+    def missing_output_fix(output: str) -> str:
+        """What a SHAPE failure of an output the callable did not return says to do (kdtr.check.case)."""
+        return (f"the callable returned out alone: return (out, lse), or set kdtr_writes_lse = False on it "
+                f"if it does not compute {output}")
 
     def _host_args(self, problem) -> list[np.ndarray]:
         """The callable's positional arguments as numpy arrays, in its layout."""
