@@ -128,23 +128,16 @@ def verify_lines(reports: list[tuple[str, dict]]) -> list[str]:
 
 def merge(reports: list[tuple[str, dict]], json_path: str, csv_path: str | None, plot_path: str | None) -> None:
     """The bench reports as one: the first report's peaks and method, every row, the implementations in order."""
-    import csv
-    import io
-
-    from kdtr.bench.run import Cell, Row, plot, to_csv_rows
+    from kdtr.bench.run import csv_text, plot, rows_from_json
     from kdtr.golden.atomic import atomic_write_bytes
 
     first = reports[0][1]
     merged = {**first, "impls": list(dict.fromkeys(i for _, d in reports for i in d.get("impls", []))),
               "rows": [r for _, d in reports for r in d["rows"]]}
     atomic_write_bytes(json_path, (json.dumps(merged, indent=1, default=str) + "\n").encode())
-    rows = [Row(**{**r, "cells": [Cell(**c) for c in r["cells"]]}) for r in merged["rows"]]
+    rows = rows_from_json(merged["rows"])
     if csv_path:
-        flat, buf = to_csv_rows(rows), io.StringIO()
-        writer = csv.DictWriter(buf, fieldnames=list(flat[0]) if flat else [])
-        writer.writeheader()
-        writer.writerows(flat)
-        atomic_write_bytes(csv_path, buf.getvalue().encode())
+        atomic_write_bytes(csv_path, csv_text(rows).encode())
     if plot_path:
         plot(rows, plot_path)
 

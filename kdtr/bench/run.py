@@ -198,6 +198,24 @@ def to_csv_rows(rows: list[Row]) -> list[dict]:
     return flat
 
 
+def rows_from_json(rows: list[dict]) -> list[Row]:
+    """The Rows of a saved bench report (its JSON "rows")."""
+    return [Row(**{**r, "cells": [Cell(**c) for c in r["cells"]]}) for r in rows]
+
+
+def csv_text(rows: list[Row]) -> str:
+    """One CSV line per (shape, impl), with a header; "" for no rows."""
+    import csv
+    import io
+
+    flat, buf = to_csv_rows(rows), io.StringIO()
+    if flat:
+        w = csv.DictWriter(buf, fieldnames=list(flat[0]))
+        w.writeheader()
+        w.writerows(flat)
+    return buf.getvalue()
+
+
 def plot(rows: list[Row], path: str, metric: str = "pct_roofline") -> None:
     """% of roofline (or TFLOP/s) vs prefix length: one line per kernel, one panel per budget."""
     import matplotlib

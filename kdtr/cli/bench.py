@@ -190,33 +190,18 @@ def render_bench_compare(d: dict) -> None:
         report.note("no (shape, impl) pair was timed in both runs")
 
 
-def _rows(data: dict):
-    from kdtr.bench.run import Cell, Row
-
-    return [Row(**{**r, "cells": [Cell(**c) for c in r["cells"]]}) for r in data["rows"]]
-
-
 def write_csv(path: str, data: dict) -> None:
     """One line per (shape, impl) of a bench run."""
-    import csv
-    import io
+    from kdtr.bench.run import csv_text, rows_from_json
 
-    from kdtr.bench.run import to_csv_rows
-
-    flat = to_csv_rows(_rows(data))
-    buf = io.StringIO()
-    if flat:
-        w = csv.DictWriter(buf, fieldnames=list(flat[0]))
-        w.writeheader()
-        w.writerows(flat)
-    write_file(path, buf.getvalue(), "--csv")
+    write_file(path, csv_text(rows_from_json(data["rows"])), "--csv")
 
 
 def write_plot(path: str, data: dict) -> None:
     """% of roofline vs prefix per budget (matplotlib)."""
-    from kdtr.bench.run import plot
+    from kdtr.bench.run import plot, rows_from_json
 
-    plot(_rows(data), path)
+    plot(rows_from_json(data["rows"]), path)
 
 
 def check_bench_options(devices: int, shape: dict, csv_file, plot_file, json_to) -> None:
