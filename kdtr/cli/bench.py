@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from kdtr.cli.options import STDOUT, at_least, check_output, emit, json_option, write_file
+from kdtr.cli.options import STDOUT, at_least, check_output, emit, json_option, option_list, write_file
 from kdtr.errors import InputError
 
 
@@ -48,10 +48,10 @@ def bench_specs(suite: str | None, preset: tuple[str, ...], shape: dict) -> list
         specs += grid(g["models"], g["tps"], g["budgets"], g["prefixes"], g["batches"], shape["page_size"],
                       shape["kv_dtype"], shape["out_dtype"] or shape["kv_dtype"])
     if shape.get("prefix") or shape.get("budget"):
-        specs += grid(presets.parse_list(shape["model"] or "deepseek-v3", str), presets.parse_list(shape["tp"] or "8", int),
-                      presets.parse_list(shape["budget"] or "64", int), presets.parse_list(shape["prefix"] or "8k"),
-                      presets.parse_list(shape["batch"] or "1", int), shape["page_size"], shape["kv_dtype"],
-                      shape["out_dtype"] or shape["kv_dtype"])
+        specs += grid(option_list("--model", shape["model"] or "deepseek-v3", str),
+                      option_list("--tp", shape["tp"] or "8", int), option_list("--budget", shape["budget"] or "64", int),
+                      option_list("--prefix", shape["prefix"] or "8k"), option_list("--batch", shape["batch"] or "1", int),
+                      shape["page_size"], shape["kv_dtype"], shape["out_dtype"] or shape["kv_dtype"])
     if not specs:
         raise InputError("no shapes: give --set compute/memory, --suite NAME, or --prefix/--budget (with --model --tp --batch)")
     return specs

@@ -7,7 +7,7 @@ import time
 
 import click
 
-from kdtr.cli.options import EXIT_FAIL, EXIT_OK, STDOUT, at_least, check_output, emit, exclusive, json_option
+from kdtr.cli.options import EXIT_FAIL, EXIT_OK, STDOUT, at_least, check_output, emit, exclusive, json_option, option_list
 from kdtr.errors import InputError
 
 SHAPE_OPTIONS = ("model", "tp", "heads", "prefix", "budget")
@@ -33,8 +33,8 @@ def gen_specs(suite: str | None, seed: int | None, shape: dict):
         raise InputError("nothing to generate: give --suite NAME or a shape (--model --prefix --budget)")
     m = presets.model(shape.get("model") or "deepseek-v3")
     heads = shape["heads"] if shape["heads"] is not None else m.heads_per_gpu(shape["tp"])
-    prefix = tuple(presets.parse_list(shape.get("prefix") or "0"))
-    budgets = presets.parse_list(shape.get("budget") or "16", int)
+    prefix = tuple(option_list("--prefix", shape.get("prefix") or "0"))
+    budgets = option_list("--budget", shape.get("budget") or "16", int)
     if min(budgets) < 0:
         raise InputError(f"--budget must be >= 0 (0 is plain decode), got {shape['budget']}")
     return [

@@ -76,6 +76,17 @@ def emit(data, json_to: str | None, render: Callable[[object], None]) -> None:
         write_file(json_to, dumps(data) + "\n", "--json")
 
 
+def option_list(option: str, text: str, conv=None) -> list:
+    """kdtr.inputs.presets.parse_list of an option's value (sizes by default, ``int``, ``str``), its
+    ValueError as one line that names the option: "--budget 16x: not a whole number: '16x' (...)"."""
+    from kdtr.inputs import presets
+
+    try:
+        return presets.parse_list(text, conv or presets.parse_size)
+    except ValueError as e:
+        raise InputError(f"{option} {text}: {e}") from None
+
+
 def at_least(option: str, value, low: int | float, what: str = "") -> None:
     """InputError unless ``value`` (None: not given) is >= low."""
     if value is not None and not value >= low:
