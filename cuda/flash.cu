@@ -23,9 +23,11 @@
 //     the same shared tile read through ldmatrix.trans.
 //   * Tree tail in the same pass: only tail tiles that some row of the tile sees are loaded (a
 //     live-tile list built from the mask words at the start); mask bits decide visibility.
-//   * Split-KV: the prefix of each request is cut into num_splits equal ranges (16-key aligned);
-//     the last split also takes the tail. With one split the kernel writes out/lse directly,
-//     else kdtr_flash_combine merges the fp32 partials by their LSE.
+//   * Split-KV: the prefix of each request is cut into equal ranges (16-key aligned), as many as its
+//     entry in the plan's split table says (flash_sched.cuh: looked up on the device from its prefix
+//     length, so a CUDA graph captured at other lengths stays right; the grid holds the capacity's
+//     count and the CTAs past a request's exit); the last split also takes the tail. With one split
+//     the kernel writes out/lse directly, else kdtr_flash_combine merges the fp32 partials by their LSE.
 //   Shared memory: 61.4 / 62.3 / 68.2 KB for the 16 / 32 / 64-row tiles (static_assert: <= 99 KB,
 //   sm_120's limit); above 48 KB, so the launcher raises the dynamic-shared-memory limit.
 //
@@ -126,7 +128,7 @@ using kdtr::smem_addr;
 // kernels
 // ---------------------------------------------------------------------------------------------
 template <int MT, typename OutT, int BUG>
-__global__ void __launch_bounds__(flash::Tile<MT>::NTHREADS, 1) kdtr_flash_verify(const KdtrParams p) {
+__global__ void __launch_bounds__(flash::Tile<MT>::NTHREADS, 1) kdtr_flash_verify(const KdtrParams p, const FlashSched sched) {
   using namespace flash;
   using S = Smem<MT>;
   using TL = Tile<MT>;
@@ -145,10 +147,12 @@ __global__ void __launch_bounds__(flash::Tile<MT>::NTHREADS, 1) kdtr_flash_verif
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, tq = lane & 3;
-  const int b = blockIdx.z, split = blockIdx.y, nsplit = p.num_splits;
+  const int b = blockIdx.z, split = blockIdx.y, stride = p.num_splits;  // stride: the workspace's splits
   const int H = p.H, T = p.T, R = T * H, W = p.mask_words;
   const int r0 = blockIdx.x * BM;
   const int P = p.prefix_lens[b];
+  const int nsplit = kdtr::request_splits(sched, P);  // this request's splits, from its length (graph-safe)
+  if (split >= nsplit) return;  // a grid for the capacity: a shorter request needs fewer
   const __nv_bfloat16* kv = static_cast<const __nv_bfloat16*>(p.kv_cache);
   const unsigned* mask_b = p.tree_mask + (long long)b * T * W;
 
@@ -368,7 +372,7 @@ __global__ void __launch_bounds__(flash::Tile<MT>::NTHREADS, 1) kdtr_flash_verif
   __syncthreads();
   const bool direct = nsplit == 1;
   float* ws_o = static_cast<float*>(p.workspace);
-  float* ws_lse = ws_o + (long long)p.B * nsplit * R * KDTR_DV;
+  float* ws_lse = ws_o + (long long)p.B * stride * R * KDTR_DV;
   const int cb = warp * COLS_W;
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) {
@@ -379,7 +383,7 @@ __global__ void __launch_bounds__(flash::Tile<MT>::NTHREADS, 1) kdtr_flash_verif
       const float l = rowf[rl], m = rowf[BM + rl];
       const float inv = l > 0.f ? 1.f / l : 0.f;
       const long long orow = direct ? ((long long)b * R + r) * KDTR_DV
-                                    : (((long long)b * nsplit + split) * R + r) * KDTR_DV;
+                                    : (((long long)b * stride + split) * R + r) * KDTR_DV;
 #pragma unroll
       for (int nt = 0; nt < NT_O; ++nt) {
         const int col = cb + nt * 8 + 2 * tq;
@@ -392,7 +396,7 @@ __global__ void __launch_bounds__(flash::Tile<MT>::NTHREADS, 1) kdtr_flash_verif
         const float lse2 = BUG == KDTR_BUG_MERGE_WRONG_MAX && !direct ? log2f(l) : m + log2f(l);
         const float lse = l > 0.f ? lse2 * LN2 : kdtr::neg_inf();
         if (direct) p.lse[(long long)b * R + r] = lse;
-        else ws_lse[((long long)b * nsplit + split) * R + r] = lse;
+        else ws_lse[((long long)b * stride + split) * R + r] = lse;
       }
     }
   }

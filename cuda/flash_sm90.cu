@@ -45,7 +45,9 @@
 //   * Work table (MERGE_WORK_TABLE): where kdtr/kernels/flash/schedule.py's model says uniform splits
 //     leave SMs idle (136 row tiles on 132 SMs), the grid is a work table instead: CTA x walks the key
 //     range of its row (any tile boundary), longest first; a row tile in one piece writes out
-//     directly, cut ones go through kdtr_flash_combine_jobs.
+//     directly, cut ones go through kdtr_flash_combine_jobs. The table is made on the device at every
+//     launch (kdtr_flash_schedule, flash_schedule.cuh) from the recipe the host chose, so that a CUDA
+//     graph captured at other lengths stays right.
 //   * Tree tail in the same pass: only tail tiles some row of the CTA sees are loaded; each row's
 //     mask word decides visibility. Full prefix tiles skip the mask arithmetic.
 //   * Transposed rows (ROWS_EXTRA, where kdtr/kernels/flash/plan.py's cost model says they pay: many
@@ -101,6 +103,7 @@ namespace kdtr {
 constexpr int COMBINE_BATCH = 9;
 }
 #include "flash_split.cuh"
+#include "flash_schedule.cuh"
 #include "profile.cuh"
 
 // ---------------------------------------------------------------------------------------------
@@ -483,14 +486,15 @@ __device__ __forceinline__ int find_tail_tiles(const unsigned* mask_b, int r0, i
 // ---------------------------------------------------------------------------------------------
 // MERGE (enum Merge): MERGE_IN_KERNEL merges the splits here (kdtr::merge_in_kernel), not by a combine
 // launch; only for one-wave grids (kdtr/kernels/flash/plan.py). MERGE_WORK_TABLE: the grid is the work table
-// `work`, a row of kdtr::WORK_INTS per CTA (grid (pieces, 1, 1), kdtr/kernels/flash/schedule.py), cut jobs
-// merged by kdtr_flash_combine_jobs; else work is null and the grid is (row tiles, splits, B). XR (enum
+// kdtr_flash_schedule wrote for this launch (kdtr::sched_table, flash_schedule.cuh), a row of kdtr::WORK_INTS per CTA
+// (grid (the most pieces, 1, 1); CTAs past this launch's pieces exit), cut jobs merged by kdtr_flash_combine_jobs;
+// else the grid is (row tiles, the capacity's splits, B) and each request takes its split table's count. XR (enum
 // RowLayout): ROWS_EXTRA when the last row tile takes the request's 1..XR_MAX rows past a multiple of 64 as
 // transposed rows, ROWS_TRANSPOSED for a request of 1..XR_MAX rows (kdtr/kernels/flash/plan.py decides);
 // transposed rows never take a work table (their row tile is the grid's last).
 template <typename OutT, int BUG, int MERGE, int XR>
 __global__ void __launch_bounds__(flash_sm90::NTHREADS, XR == flash_sm90::ROWS_TRANSPOSED ? 2 : 1)
-    kdtr_flash_sm90_verify(const KdtrParams p, const __grid_constant__ KvTensorMap kv_map, const int* __restrict__ work) {
+    kdtr_flash_sm90_verify(const KdtrParams p, const __grid_constant__ KvTensorMap kv_map, const FlashSched sched) {
   using namespace flash_sm90;
   using kdtr::LN2;
   using kdtr::LOG2E;
@@ -508,7 +512,7 @@ __global__ void __launch_bounds__(flash_sm90::NTHREADS, XR == flash_sm90::ROWS_T
   extern __shared__ __align__(1024) unsigned char smem[];
   const unsigned base = kdtr::smem_addr(smem);  // Smem offsets from here; TMA and wgmma's swizzle need 1 KB alignment
   if (base & 1023u) __trap();                   // the hardware gives it (no static shared memory); stop loudly if not
-  if (WORK_TABLE && !work) __trap();            // the work-table build needs its table (others ignore `work`)
+  if (WORK_TABLE && sched.table_offset < 0) __trap();  // the work-table build needs its table (others ignore it)
   const unsigned bars = base + Smem::bars;      // u64 mbarrier of stage st at bars + 8 st
   const unsigned abars = base + Smem::abars;    // EARLY: u64 mbarrier of stage st's alpha at abars + 8 st
   auto init_mbarriers = [&] {  // by one thread, before any use: the block scan's or the consumers' (CONSUMER_SCAN)
@@ -518,6 +522,10 @@ __global__ void __launch_bounds__(flash_sm90::NTHREADS, XR == flash_sm90::ROWS_T
     mbar_init_fence();
   };
   kdtr::pdl_launch_dependents();  // the combine launch may take SMs as they free up; it waits for this grid
+  if (WORK_TABLE) {  // launched dependent on kdtr_flash_schedule, which writes this launch's table
+    kdtr::pdl_wait();
+    if ((int)blockIdx.x >= kdtr::sched_table(p, sched)[0]) return;  // a grid for the most pieces the recipe makes
+  }
   int* live = reinterpret_cast<int*>(smem + Smem::live);
   unsigned char* tail_tiles = smem + Smem::tiles;
   int* n_tail_s = reinterpret_cast<int*>(smem + Smem::count);
@@ -528,8 +536,8 @@ __global__ void __launch_bounds__(flash_sm90::NTHREADS, XR == flash_sm90::ROWS_T
   const int wg = warp >> 2, wtid = tid & 127, ww = warp & 3;  // warpgroup, thread and warp in it
   const int g = lane >> 2, tq = lane & 3;
   // this CTA's request b and row tile: the grid's (uniform splits), or its work table row
-  const kdtr::CtaWork cw = WORK_TABLE ? kdtr::work_table_row<BN, BUG, BM>(p, work) : kdtr::CtaWork{};
-  const int b = WORK_TABLE ? cw.b : blockIdx.z, split = blockIdx.y, nsplit = p.num_splits;
+  const kdtr::CtaWork cw = WORK_TABLE ? kdtr::work_table_row<BN, BUG, BM>(p, sched) : kdtr::CtaWork{};
+  const int b = WORK_TABLE ? cw.b : blockIdx.z, split = blockIdx.y, stride = p.num_splits;  // the workspace's splits
   const int H = p.H, T = p.T, R = T * H, W = p.mask_words;
   // XONLY takes the rows past the last multiple of 64: all of a request of <= 8 rows (kdtr/kernels/flash/plan.py)
   const int r0 = XONLY ? (R - 1) / BM * BM : (WORK_TABLE ? cw.rt : blockIdx.x) * BM;
@@ -539,6 +547,9 @@ __global__ void __launch_bounds__(flash_sm90::NTHREADS, XR == flash_sm90::ROWS_T
   const int xrow0 = XONLY ? r0 : r0 + BM;  // the first transposed row
   const int r_end = XONLY ? r0 + n_extra : min(R, r0 + BM) + n_extra;  // this CTA's rows: [r0, r_end)
   const int P = WORK_TABLE ? cw.P : p.prefix_lens[b];
+  // this request's splits, from its length on the device (graph-safe); the grid holds the capacity's count
+  const int nsplit = WORK_TABLE ? 1 : kdtr::request_splits(sched, P);
+  if (split >= nsplit) return;
   const unsigned* mask_b = p.tree_mask + (long long)b * T * W;
 
   // ---- this CTA's keys: prefix range [kp_lo, kp_hi) of its split or piece, plus the tail if last ----
@@ -570,8 +581,8 @@ __global__ void __launch_bounds__(flash_sm90::NTHREADS, XR == flash_sm90::ROWS_T
   float* ws_o = static_cast<float*>(p.workspace);  // the fp32 partial rows (flash_split.cuh)
   // partial row of row r (its lse at ws_lse[prow], its out at ws_o + prow * 512); the uniform form is
   // written from blockIdx, not through the work-table fields, which keeps those builds' schedule
-  float* ws_lse = ws_o + (WORK_TABLE ? cw.lse_off : (long long)p.B * nsplit * R * KDTR_DV);
-  auto prow = [&](int r) { return WORK_TABLE ? (long long)cw.prow0 + r : ((long long)b * nsplit + split) * R + r; };
+  float* ws_lse = ws_o + (WORK_TABLE ? cw.lse_off : (long long)p.B * stride * R * KDTR_DV);
+  auto prow = [&](int r) { return WORK_TABLE ? (long long)cw.prow0 + r : ((long long)b * stride + split) * R + r; };
 
   if (wg == 0) {
     // =========================== producer: S = Q K^T, softmax ===========================
@@ -1131,7 +1142,7 @@ __global__ void __launch_bounds__(flash_sm90::NTHREADS, XR == flash_sm90::ROWS_T
     }
     if (MERGE_HERE && !direct) {  // the merge scratch reuses KV stage 0: every tile is done
       float* red = reinterpret_cast<float*>(smem + Smem::kv);
-      kdtr::merge_in_kernel<OutT, COMBINE_WARPS>(p, b, blockIdx.x, r0, r_end - r0, tid - 128, red,
+      kdtr::merge_in_kernel<OutT, COMBINE_WARPS>(p, b, nsplit, blockIdx.x, r0, r_end - r0, tid - 128, red,
                                                  reinterpret_cast<int*>(red + COMBINE_RED_FLOATS),
                                                  [] { flash_sm90::bar_sync(flash_sm90::BAR_CONS, 256); });
     }

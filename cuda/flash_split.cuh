@@ -6,6 +6,10 @@
 //   fp32 partial out [B, splits, R, 512], then fp32 partial lse [B, splits, R] (natural log,
 //   -inf for a split that saw no key of the row), then uint32 merge counters [B, row tiles, 2]
 //   (in-kernel merge only; zero before a launch, zero again after it); R = T * H rows per request.
+//   `splits` is p.num_splits, the grid's: the most any request takes. Request b takes S_b <= splits
+//   (kdtr::request_splits, flash_sched.cuh: decided on the device from its prefix length, so that a
+//   graph captured at other lengths stays right); its splits past S_b exit at once, and a request of
+//   one split writes out and lse directly (the merges skip it).
 // Work table (flash-sm90, kdtr/kernels/flash/schedule.py): each CTA walks the piece its table row names;
 // pieces of a cut job write fp32 partial out [slots, ROWS, 512] then lse [slots, ROWS] at their slot
 // (num_splits = slots), merged by kdtr_flash_combine_jobs<OutT, ROWS>; a job in one piece writes out
@@ -28,6 +32,7 @@
 
 #include "kdtr_abi.h"
 #include "kdtr_common.cuh"
+#include "flash_sched.cuh"
 
 namespace kdtr {
 
@@ -75,15 +80,10 @@ struct CtaWork {
   long long lse_off;
 };
 
-// A work table row (kdtr/kernels/flash/schedule.py WORK_FIELDS): request, row tile, prefix keys [lo, hi), tail, slot.
-constexpr int WORK_INTS = 6;
-// A combine job row (kdtr/kernels/flash/schedule.py JOB_FIELDS): request, first row, first slot, slots.
-constexpr int JOB_INTS = 4;
-
 template <int BN, int BUG, int ROWS>
-__device__ __forceinline__ CtaWork work_table_row(const KdtrParams& p, const int* work) {
+__device__ __forceinline__ CtaWork work_table_row(const KdtrParams& p, const FlashSched& s) {
   CtaWork c;
-  const int* w = work + (long long)blockIdx.x * WORK_INTS;
+  const int* w = sched_work(p, s) + (long long)blockIdx.x * WORK_INTS;
   c.b = w[0];
   c.rt = w[1];
   c.P = p.prefix_lens[c.b];
@@ -148,7 +148,7 @@ struct RowPartials {
   const float* ws_o;  // partial out [B, S, R, 512] (the workspace's start)
   const float* lse_r;  // this row's partial lse, split s at lse_r[s * R]
   long long b;
-  int R, S, row;
+  int R, S, row;  // S: the workspace's splits (p.num_splits), its stride
   __device__ __forceinline__ RowPartials(const KdtrParams& p, int b_, int row_)
       : ws_o(static_cast<const float*>(p.workspace)), b(b_), R(p.T * p.H), S(p.num_splits), row(row_) {
     lse_r = static_cast<const float*>(p.workspace) + (long long)p.B * S * R * KDTR_DV + b * S * R + row;
@@ -160,15 +160,15 @@ struct RowPartials {
 };
 
 // Merges output row `row` of request b, columns [col0, col0 + cols) (cols: 128, 256 or 512), from
-// the splits' partials: out = sum_s w_s o_s / sum_s w_s with w_s = exp(lse_s - max lse). The
+// its S splits' partials: out = sum_s w_s o_s / sum_s w_s with w_s = exp(lse_s - max lse). The
 // NWARPS calling warps (warp, lane) are spread over the 128-column groups and, within a group, over
 // the splits, BATCH partial rows in flight per warp; their sums meet in `red` (COMBINE_RED_FLOATS of
 // shared memory); `sync` is a barrier of those warps. In-kernel, other CTAs of the grid wrote the
 // partials: merge_in_kernel's acquire and barrier make them visible first. col0 == 0 writes lse.
 template <typename OutT, int NWARPS, int BATCH, typename Sync>
-__device__ __forceinline__ void merge_row(const KdtrParams& p, int row, int b, int col0, int cols, int warp, int lane,
-                                          float* red, Sync sync) {
-  const int R = p.T * p.H, S = p.num_splits;
+__device__ __forceinline__ void merge_row(const KdtrParams& p, int row, int b, int S, int col0, int cols, int warp,
+                                          int lane, float* red, Sync sync) {
+  const int R = p.T * p.H;
   const int groups = cols / 128, group = warp % groups, warps_per_group = NWARPS / groups;
   float* mx = red + NWARPS * 129;  // red: [NWARPS][128 + 1] (+1: the warp's weight sum), then the warp maxima
   const RowPartials part(p, b, row);
@@ -255,12 +255,12 @@ __device__ __forceinline__ void merge_row(const KdtrParams& p, int row, int b, i
 // narrow_red_floats(COLS, WARPS) of shared memory; `sync`: a barrier of the WARPS calling warps; chunk 0
 // writes lse.
 template <typename OutT, int COLS, int WARPS, typename Sync>
-__device__ __forceinline__ void merge_chunk_narrow(const KdtrParams& p, int row, int b, int chunk, int warp, int lane,
-                                                   float* red, Sync sync) {
+__device__ __forceinline__ void merge_chunk_narrow(const KdtrParams& p, int row, int b, int S, int chunk, int warp,
+                                                   int lane, float* red, Sync sync) {
   static_assert(COLS == 16 || COLS == 32 || COLS == 64, "a float4 per lane, 2-8 splits a warp");
   static_assert(WARPS >= 1 && WARPS <= 32, "warps of a CTA");
   constexpr int NARROW_LANES = COLS / 4, STRIDE = WARPS * 32 / NARROW_LANES;  // lanes a partial row, splits a load
-  const int R = p.T * p.H, S = p.num_splits, q = lane % NARROW_LANES;
+  const int R = p.T * p.H, q = lane % NARROW_LANES;
   const int slot = warp * (32 / NARROW_LANES) + lane / NARROW_LANES;  // this thread's first split
   const RowPartials part(p, b, row);
   const int c4 = chunk * NARROW_LANES + q;  // this lane's float4 of a partial row
@@ -336,12 +336,13 @@ __device__ __forceinline__ void merge_chunk_narrow(const KdtrParams& p, int row,
 // and freed their SMs, so waiting CTAs never hold the GPU for the whole kernel (first arrivals
 // waiting would). The last merger to finish zeroes the two counters for the next launch.
 template <typename OutT, int NWARPS, typename Sync>
-__device__ __forceinline__ void merge_in_kernel(const KdtrParams& p, int b, int rt, int r0, int nrows, int t,
+__device__ __forceinline__ void merge_in_kernel(const KdtrParams& p, int b, int S, int rt, int r0, int nrows, int t,
                                                 float* red, int* ticket_s, Sync sync) {
   constexpr int GROUPS = KDTR_DV / 128;  // 128-column units per row
-  const int R = p.T * p.H, S = p.num_splits, units = nrows * GROUPS, mergers = min(S, units);
+  const int R = p.T * p.H, units = nrows * GROUPS, mergers = min(S, units);
   const int row_tiles = gridDim.x;  // the caller's row tiles
-  unsigned* ctr = reinterpret_cast<unsigned*>(static_cast<float*>(p.workspace) + (long long)p.B * S * R * (KDTR_DV + 1)) +
+  unsigned* ctr = reinterpret_cast<unsigned*>(static_cast<float*>(p.workspace) +
+                                              (long long)p.B * p.num_splits * R * (KDTR_DV + 1)) +
                   2 * ((long long)b * row_tiles + rt);  // [arrived, merged]
   __threadfence();  // this thread's partials before the ticket (the caller's barrier orders the rest)
   sync();
@@ -359,7 +360,8 @@ __device__ __forceinline__ void merge_in_kernel(const KdtrParams& p, int b, int 
   }
   sync();  // every split's partials are visible from here (their fence, then the acquire above)
   for (int u = rank; u < units; u += mergers)
-    merge_row<OutT, NWARPS, MERGE_BATCH_IN_KERNEL>(p, r0 + u / GROUPS, b, (u % GROUPS) * 128, 128, t >> 5, t & 31, red, sync);
+    merge_row<OutT, NWARPS, MERGE_BATCH_IN_KERNEL>(p, r0 + u / GROUPS, b, S, (u % GROUPS) * 128, 128, t >> 5, t & 31, red,
+                                                   sync);
   if (t == 0 && atomicAdd(ctr + 1, 1u) == (unsigned)mergers - 1) {
     ctr[0] = 0u;  // every merger is past its wait: the counters start the next launch at zero
     ctr[1] = 0u;
@@ -430,27 +432,29 @@ __device__ __forceinline__ void merge_row_warp(const float* ws_o, const float* w
 // one row per CTA waited on three dependent round trips per row (0.75 TB/s measured); halves
 // where the splits pass COMBINE_ROWS_BATCH, so that they take half the round trips with twice the warps.
 template <typename OutT, int PARTS>
-__global__ void __launch_bounds__(32 * COMBINE_WARPS) kdtr_flash_combine_rows(const KdtrParams p) {
-  kdtr::pdl_wait();  // launched as dependent of the main kernel (kdtr/kernels/flash/kernel.py)
+__global__ void __launch_bounds__(32 * COMBINE_WARPS) kdtr_flash_combine_rows(const KdtrParams p, const FlashSched sched) {
   static_assert(PARTS == 1 || PARTS == 2, "whole or half rows");
-  const int R = p.T * p.H, S = p.num_splits, b = blockIdx.y;
+  const int R = p.T * p.H, stride = p.num_splits, b = blockIdx.y;
+  const int S = kdtr::request_splits(sched, p.prefix_lens[b]);  // this request's splits (one: written directly)
+  kdtr::pdl_wait();  // launched as dependent of the main kernel (kdtr/kernels/flash/kernel.py)
   const int row = blockIdx.x * COMBINE_WARPS + (threadIdx.x >> 5);
-  if (row >= R) return;
+  if (row >= R || S <= 1) return;
   const float* ws = static_cast<const float*>(p.workspace);
   kdtr::merge_row_warp<OutT, false, ROW_F4_PER_LANE / PARTS, COMBINE_ROWS_BATCH * PARTS>(
-      ws, ws + (long long)p.B * S * R * KDTR_DV, [&](int s) { return ((long long)b * S + s) * R + row; }, S,
+      ws, ws + (long long)p.B * stride * R * KDTR_DV, [&](int s) { return ((long long)b * stride + s) * R + row; }, S,
       static_cast<OutT*>(p.out) + ((long long)b * R + row) * KDTR_DV,
       PARTS == 1 || blockIdx.z == 0 ? p.lse + (long long)b * R + row : nullptr, threadIdx.x & 31,
       PARTS == 1 ? 0 : blockIdx.z * (KDTR_DV / PARTS));
 }
 
-// The work table's cut jobs' merge, one warp per row, grid (ROWS / COMBINE_WARPS, cut jobs); job row
-// blockIdx.y of `jobs` (JOB_INTS each) names the request, its first row and its slots, ROWS rows a
-// slot (kdtr/kernels/flash/schedule.py; any number of slots).
+// The work table's cut jobs' merge, one warp per row, grid (ROWS / COMBINE_WARPS, the table's job rows);
+// job row blockIdx.y of the scheduler's job table (JOB_INTS each) names the request, its first row and its slots,
+// ROWS rows a slot (kdtr/kernels/flash/schedule.py; any number of slots); CTAs past this launch's cut jobs exit.
 template <typename OutT, int ROWS>
-__global__ void __launch_bounds__(32 * COMBINE_WARPS) kdtr_flash_combine_jobs(const KdtrParams p, const int* jobs) {
+__global__ void __launch_bounds__(32 * COMBINE_WARPS) kdtr_flash_combine_jobs(const KdtrParams p, const FlashSched sched) {
   kdtr::pdl_wait();  // launched as dependent of the main kernel (kdtr/kernels/flash/kernel.py)
-  const int* job = jobs + (long long)blockIdx.y * kdtr::JOB_INTS;
+  if ((int)blockIdx.y >= kdtr::sched_table(p, sched)[1]) return;
+  const int* job = kdtr::sched_jobs(p, sched) + (long long)blockIdx.y * kdtr::JOB_INTS;
   const int b = job[0], r0 = job[1], slot0 = job[2], S = job[3], rl = blockIdx.x * COMBINE_WARPS + (threadIdx.x >> 5);
   const int R = p.T * p.H, row = r0 + rl;
   if (rl >= ROWS || row >= R) return;
@@ -466,10 +470,12 @@ __global__ void __launch_bounds__(32 * COMBINE_WARPS) kdtr_flash_combine_jobs(co
 // after the all-transposed build's 241 splits); 32 columns for 8 rows, 64 on more; 4 warps where they take every split in one
 // step, so that twice the CTAs are resident and a grid of up to ~80 rows is one wave (docs/PERF.md ledger, combine-narrow, narrow-warps).
 template <typename OutT, int COLS, int WARPS>
-__global__ void __maxnreg__(128) kdtr_flash_combine_narrow(const KdtrParams p) {  // 32 * WARPS threads
+__global__ void __maxnreg__(128) kdtr_flash_combine_narrow(const KdtrParams p, const FlashSched sched) {  // 32 * WARPS threads
   __shared__ float red[narrow_red_floats(COLS, WARPS)];
+  const int S = kdtr::request_splits(sched, p.prefix_lens[blockIdx.y]);
   kdtr::pdl_wait();  // launched as dependent of the main kernel (kdtr/kernels/flash/kernel.py)
-  kdtr::merge_chunk_narrow<OutT, COLS, WARPS>(p, blockIdx.x, blockIdx.y, blockIdx.z, threadIdx.x >> 5, threadIdx.x & 31,
+  if (S <= 1) return;  // one split: the main kernel wrote this request's rows
+  kdtr::merge_chunk_narrow<OutT, COLS, WARPS>(p, blockIdx.x, blockIdx.y, S, blockIdx.z, threadIdx.x >> 5, threadIdx.x & 31,
                                               red, [] { __syncthreads(); });
 }
 
@@ -479,10 +485,12 @@ __global__ void __maxnreg__(128) kdtr_flash_combine_narrow(const KdtrParams p) {
 // __maxnreg__, not __launch_bounds__(256): under those bounds ptxas gave it 32 registers and issued
 // each split's loads after the previous split's use (tests/kernels/test_compile.py).
 template <typename OutT>
-__global__ void __maxnreg__(128) kdtr_flash_combine(const KdtrParams p) {  // 256 threads (COMBINE_WARPS)
+__global__ void __maxnreg__(128) kdtr_flash_combine(const KdtrParams p, const FlashSched sched) {  // 256 threads (COMBINE_WARPS)
   __shared__ float red[COMBINE_RED_FLOATS];
+  const int S = kdtr::request_splits(sched, p.prefix_lens[blockIdx.y]);
   kdtr::pdl_wait();  // launched as dependent of the main kernel (kdtr/kernels/flash/kernel.py)
+  if (S <= 1) return;  // one split: the main kernel wrote this request's rows
   const int cols = KDTR_DV / gridDim.z;
-  kdtr::merge_row<OutT, COMBINE_WARPS, MERGE_BATCH_COMBINE>(p, blockIdx.x, blockIdx.y, blockIdx.z * cols, cols, threadIdx.x >> 5,
-                                       threadIdx.x & 31, red, [] { __syncthreads(); });
+  kdtr::merge_row<OutT, COMBINE_WARPS, MERGE_BATCH_COMBINE>(p, blockIdx.x, blockIdx.y, S, blockIdx.z * cols, cols,
+                                                            threadIdx.x >> 5, threadIdx.x & 31, red, [] { __syncthreads(); });
 }

@@ -38,6 +38,13 @@
 //   counter per row, for a last-block-combines merge); otherwise it is null.
 // * Before every launch out is filled with NaN and lse with NaN: every element must be written.
 //   The kernel must not read outside a request's tokens [0, P_b + T): unused cache slots hold NaN.
+// * Graph safety (what `kdtr verify --graph` checks; SPEC section 8). A server captures the launch in a
+//   CUDA graph once, with dummy prefix lengths in the buffers (0, 1 or 1024), then writes each step's real
+//   lengths, block table, tree mask, q and cache into the same buffers and replays it. So a kernel must
+//   read every length, page and mask bit from the device buffers at run time and decide there anything
+//   that depends on them (split counts, work lists), into scratch it owns in p.workspace; it must not
+//   depend on values the launch read on the host, allocate, synchronise, or copy to or from the host. The
+//   grid comes from kdtr_launch and the shapes alone, which keeps kdtr's own launch of it graph-safe.
 // ---------------------------------------------------------------------------------------------
 
 #pragma once
@@ -64,7 +71,8 @@ struct KdtrParams {
   int max_pages;             // block_table row length
   int mask_words;            // ceil(T / 32)
   int num_pages;             // pages in kv_cache
-  int num_splits;            // KV splits of this launch (gridDim.z for user kernels)
+  int num_splits;            // KV splits of this launch (gridDim.z for user kernels; for the flash kernels the
+                             // grid's, the most a request takes: a request's own count is decided on the device)
   float scale;               // softmax scale applied to q.k (the model's, never 576**-0.5)
 };
 
@@ -83,4 +91,5 @@ enum KdtrBug {
   KDTR_BUG_NO_ROPE = 5,           // q.k over the 512 latent columns only
   KDTR_BUG_MERGE_WRONG_MAX = 6,   // split partials merged without rescaling to the common max
   KDTR_BUG_PAGE_OFF_BY_ONE = 7,   // token j read from page block_table[b, (j + 1) / page_size]
+  KDTR_BUG_BAKED_LENGTHS = 8,     // the launch's own copy of the prefix lengths it was prepared with (no kernel build)
 };

@@ -41,42 +41,54 @@ FIELDS: tuple[tuple[str, str], ...] = (
 )
 """(field, C type) in declaration order, as kdtr_abi.h spells them."""
 
-CTYPE_NUMPY = {"int": np.int32, "unsigned": np.uint32, "float": np.float32}
+CTYPE_NUMPY = {"int": np.int32, "unsigned": np.uint32, "float": np.float32, "long long": np.int64}
 """C scalar types -> numpy; every pointer is a 64-bit device address (uint64)."""
-CTYPE_SIZE = {"int": 4, "unsigned": 4, "float": 4}
+CTYPE_SIZE = {"int": 4, "unsigned": 4, "float": 4, "long long": 8}
 POINTER_SIZE = 8
+_INT_BITS = {"int": 32, "long long": 64}
 
 
 def _numpy_type(ctype: str):
     return np.uint64 if ctype.endswith("*") else CTYPE_NUMPY[ctype]
 
 
-PARAMS_DTYPE = np.dtype({"names": [n for n, _ in FIELDS], "formats": [_numpy_type(c) for _, c in FIELDS]}, align=True)
+def struct_dtype(fields) -> np.dtype:
+    """The numpy structured dtype of a C struct of these (field, C type) pairs, C alignment (align=True)."""
+    return np.dtype({"names": [n for n, _ in fields], "formats": [_numpy_type(c) for _, c in fields]}, align=True)
+
+
+PARAMS_DTYPE = struct_dtype(FIELDS)
 """One KdtrParams record (104 bytes: 8 pointers, 8 ints, a float, padded to 8)."""
 
 
-def pack_params(**fields) -> np.void:
-    """A KdtrParams record from keyword fields (every field required, pointers as ints)."""
-    missing = [n for n, _ in FIELDS if n not in fields]
-    extra = sorted(set(fields) - {n for n, _ in FIELDS})
+def pack_struct(what: str, fields, dtype: np.dtype, values: dict) -> np.void:
+    """A record of struct ``what`` from ``values`` (every field required, pointers as ints; ValueError for a
+    negative address or an integer out of its type's range)."""
+    missing = [n for n, _ in fields if n not in values]
+    extra = sorted(set(values) - {n for n, _ in fields})
     if missing or extra:
-        raise TypeError(f"pack_params: missing {missing}, unknown {extra}")
-    rec = np.zeros((), PARAMS_DTYPE)
-    for name, ctype in FIELDS:
-        value = fields[name]
+        raise TypeError(f"{what}: missing {missing}, unknown {extra}")
+    rec = np.zeros((), dtype)
+    for name, ctype in fields:
+        value = values[name]
         if ctype.endswith("*"):
             value = 0 if value is None else int(value)
             if value < 0:
-                raise ValueError(f"pack_params: {name} is not a device address: {value}")
-        elif ctype == "int" and not -(2**31) <= int(value) < 2**31:
-            raise ValueError(f"pack_params: {name} = {value} does not fit int32")
+                raise ValueError(f"{what}: {name} is not a device address: {value}")
+        elif ctype in _INT_BITS and not -(2 ** (_INT_BITS[ctype] - 1)) <= int(value) < 2 ** (_INT_BITS[ctype] - 1):
+            raise ValueError(f"{what}: {name} = {value} does not fit {ctype}")
         rec[name] = value
     return rec[()]
 
 
+def pack_params(**fields) -> np.void:
+    """A KdtrParams record from keyword fields (every field required, pointers as ints)."""
+    return pack_struct("pack_params", FIELDS, PARAMS_DTYPE, fields)
+
+
 def as_kernel_arg(rec: np.void) -> np.ndarray:
     """The record as a one-element array: cupy passes a size-1 numpy array by value (its bytes)."""
-    arr = np.zeros(1, PARAMS_DTYPE)  # padding bytes zero, not garbage
+    arr = np.zeros(1, rec.dtype)  # padding bytes zero, not garbage
     arr[0] = rec
     return arr
 
@@ -116,8 +128,8 @@ def parse_header_struct(text: str, name: str = "KdtrParams") -> list[tuple[str, 
 
 
 def parse_header_enum(text: str, name: str = "KdtrBug") -> dict[str, int]:
-    """{enumerator: value} of ``enum name { A = 0, ... };`` (explicit values required)."""
-    body = re.search(r"enum\s+" + re.escape(name) + r"\s*\{(.*?)\}\s*;", _strip_comments(text), re.S)
+    """{enumerator: value} of ``enum name { A = 0, ... };`` or ``enum name : int { ... };`` (explicit values required)."""
+    body = re.search(r"enum\s+" + re.escape(name) + r"\s*(?::\s*\w+\s*)?\{(.*?)\}\s*;", _strip_comments(text), re.S)
     if body is None:
         raise ValueError(f"enum {name} not found")
     out = {}

@@ -14,10 +14,11 @@ from pathlib import Path
 import numpy as np
 
 from kdtr.kernels import contract as abi, nvrtc
+from kdtr.kernels.bugs import Bug, kernel_bug
 from kdtr.kernels.contract import POISON_BF16_BITS, POISON_F32_BITS
 from kdtr.kernels.launch_types import (  # re-exported: kdtr.kernels.launch stays the one import for callers
-    CTYPES, DEFAULT_LAUNCH, KernelRuntimeError, Launch, RunOutput, Step, bf16_bits_to_f32, storage_bits,
-    launch_from_constants,
+    CTYPES, DEFAULT_LAUNCH, CaptureError, KernelRuntimeError, Launch, RunOutput, Step, bf16_bits_to_f32,
+    storage_bits, launch_from_constants,
 )
 
 _STATIC_SMEM_LIMIT = 48 * 1024
@@ -108,6 +109,24 @@ class DeviceProblem:
         self.out = cp.empty(problem.out_shape(), np.float32 if out_dtype == "fp32" else np.uint16)
         self.lse = cp.empty((problem.B, problem.T, problem.H), np.float32)
 
+    def upload(self, problem) -> None:
+        """Write ``problem``'s inputs (q, cache, block table, prefix lengths, tree mask) into these buffers in
+        place, as a server writes a step's inputs into the buffers a CUDA graph was captured on. ValueError,
+        naming the first, where a buffer's shape or dtype differs; the output buffers stay as they are."""
+        problem.validate()
+        host = {"q": storage_bits(problem.q), "kv_cache": storage_bits(problem.kv_cache),
+                "block_table": np.ascontiguousarray(problem.block_table, np.int32),
+                "prefix_lens": np.ascontiguousarray(problem.prefix_lens, np.int32),
+                "tree_mask": np.ascontiguousarray(problem.tree_mask, np.uint32)}
+        for name, a in host.items():
+            dev = getattr(self, name)
+            if dev.shape != a.shape or dev.dtype != a.dtype:
+                raise ValueError(f"{name}: the buffers hold {list(dev.shape)} {dev.dtype}, the problem "
+                                 f"{list(a.shape)} {a.dtype}; a captured launch takes inputs of its own shapes only")
+        for name, a in host.items():
+            getattr(self, name).set(a)
+        self.problem = problem
+
     def poison(self) -> None:
         """A signalling-NaN pattern everywhere, so an element never written is caught (UNWRITTEN).
 
@@ -150,11 +169,13 @@ class DeviceProblem:
         pr = self.problem
         return replace(pr, q=self.q.get().view(pr.q.dtype), kv_cache=self.kv_cache.get().view(pr.kv_cache.dtype))
 
-    def params(self, workspace_ptr: int = 0, num_splits: int = 1) -> np.void:
+    def params(self, workspace_ptr: int = 0, num_splits: int = 1, prefix_lens_ptr: int | None = None) -> np.void:
+        """The launch's KdtrParams; ``prefix_lens_ptr``: where the kernel reads the prefix lengths (default
+        this problem's buffer; the planted baked-lengths bug points it at a copy of its own)."""
         pr = self.problem
         return abi.pack_params(
             q=self.q.data.ptr, kv_cache=self.kv_cache.data.ptr, block_table=self.block_table.data.ptr,
-            prefix_lens=self.prefix_lens.data.ptr, tree_mask=self.tree_mask.data.ptr, out=self.out.data.ptr,
+            prefix_lens=self.prefix_lens.data.ptr if prefix_lens_ptr is None else prefix_lens_ptr, tree_mask=self.tree_mask.data.ptr, out=self.out.data.ptr,
             lse=self.lse.data.ptr, workspace=workspace_ptr, B=pr.B, T=pr.T, H=pr.H, page_size=pr.page_size,
             max_pages=pr.block_table.shape[1], mask_words=pr.tree_mask.shape[2], num_pages=pr.kv_cache.shape[0],
             num_splits=num_splits, scale=pr.scale,
@@ -222,13 +243,23 @@ def synchronize(cp, what: str) -> None:
         raise KernelRuntimeError(f"{what}: {e}") from e
 
 
-def make_launcher(dp: DeviceProblem, steps: list[Step], workspace_bytes: int = 0, num_splits: int = 1):
+def make_launcher(dp: DeviceProblem, steps: list[Step], workspace_bytes: int = 0, num_splits: int = 1, *,
+                  workspace=None, baked_lengths: bool = False):
     """A zero-argument callable that enqueues ``steps`` in order, each with one KdtrParams (then the step's
     own arguments, e.g. flash-sm90's tensor map) and one zero-filled workspace; no poison, no sync (what
-    bench times)."""
+    bench times). Everything is decided here: the call packs nothing, allocates nothing and reads no
+    device value, so it can be captured into a CUDA graph (capture) and replayed on new inputs.
+
+    workspace: a zero-filled device buffer of at least ``workspace_bytes`` to use (one workspace serves
+    every layer of a server); None allocates one. baked_lengths: the planted baked-lengths bug
+    (kdtr/kernels/bugs.py): the kernels read a copy of dp's prefix lengths made here."""
     cp = cupy_module()
-    ws = cp.zeros(workspace_bytes, cp.uint8) if workspace_bytes else None
-    arg = abi.as_kernel_arg(dp.params(ws.data.ptr if ws is not None else 0, num_splits))
+    if workspace is not None and workspace.nbytes < workspace_bytes:
+        raise ValueError(f"workspace of {workspace.nbytes} bytes; this launch needs {workspace_bytes}")
+    ws = workspace if workspace is not None else cp.zeros(workspace_bytes, cp.uint8) if workspace_bytes else None
+    baked = cp.asarray(np.ascontiguousarray(dp.problem.prefix_lens, np.int32)) if baked_lengths else None
+    arg = abi.as_kernel_arg(dp.params(ws.data.ptr if ws is not None else 0, num_splits,
+                                      None if baked is None else baked.data.ptr))
     launches = [(s.loaded, tuple(s.grid), tuple(s.block), s.smem, (arg, *s.args)) for s in steps]
     for loaded, _, _, smem, _ in launches:
         if smem > _STATIC_SMEM_LIMIT:
@@ -243,7 +274,86 @@ def make_launcher(dp: DeviceProblem, steps: list[Step], workspace_bytes: int = 0
 
     go.workspace = ws  # keeps the scratch alive as long as the launcher
     go.problem = dp  # and the inputs and outputs: the launches hold only their addresses
+    go.keep = (baked, *(k for s in steps for k in s.keep))  # and the tables the arguments point into
     return go
+
+
+class CudaGraph:
+    """A CUDA graph captured from a launcher (on a stream of its own); ``replay`` launches it on the current
+    stream, as a server replays its graphs on its own stream."""
+
+    def __init__(self, graph, stream, keep=None):
+        self.graph, self.stream = graph, stream
+        self.keep = keep
+        """What was captured (the launcher): the graph holds only the addresses of its workspace, tables and
+        buffers, so they must live as long as it does (freed, the pool hands them out again)."""
+
+    def replay(self) -> None:
+        self.graph.launch(cupy_module().cuda.get_current_stream())
+
+
+def capture(fn) -> CudaGraph:
+    """Capture what ``fn()`` enqueues on the current stream into a CUDA graph, on a fresh non-blocking
+    stream (cupy's default capture mode, relaxed). CaptureError, with CUDA's words, where ``fn`` does
+    anything capture refuses: synchronises, copies to or from the host, reads a device value (an allocation
+    the relaxed mode lets through; kdtr's own launchers allocate nothing once prepared)."""
+    cp = cupy_module()
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        stream.begin_capture()
+        try:
+            fn()
+        except Exception as e:
+            _end_capture_quietly(stream)
+            raise CaptureError(f"the launch cannot be captured: {type(e).__name__}: {' '.join(str(e).split())}") from e
+        try:
+            graph = stream.end_capture()
+        except Exception as e:
+            raise CaptureError(f"the capture was invalidated: {type(e).__name__}: {' '.join(str(e).split())}") from e
+    return CudaGraph(graph, stream, fn)
+
+
+def _end_capture_quietly(stream) -> None:
+    """Leave capture mode after a failed capture (the partial graph is dropped)."""
+    try:
+        stream.end_capture()
+    except Exception:
+        pass
+
+
+class GraphRun:
+    """A kernel prepared on one set of device buffers and captured once, as a server captures its verify
+    launch: ``load`` writes a problem's inputs into the same buffers, ``replay`` runs the graph on them."""
+
+    def __init__(self, name: str, dp: DeviceProblem, launcher):
+        self.name, self.dp = name, dp
+        self.launcher = launcher  # keeps the launch's tables and workspace alive with the graph
+        self.graph = capture(launcher)
+
+    def load(self, problem) -> None:
+        self.dp.upload(problem)
+
+    def replay(self) -> RunOutput:
+        """Poison the outputs, replay, wait, download; ms is the replay's device time."""
+        cp = cupy_module()
+        self.dp.poison()
+        start, stop = cp.cuda.Event(), cp.cuda.Event()
+        try:
+            start.record()
+            self.graph.replay()
+            stop.record()
+        except Exception as e:
+            raise KernelRuntimeError(f"{self.name}: graph replay failed: {e}") from e
+        synchronize(cp, self.name)
+        out, lse = self.dp.download()
+        return RunOutput(out, lse, float(cp.cuda.get_elapsed_time(start, stop)))
+
+
+def capture_kernel(kernel, problem, out_dtype: str) -> GraphRun:
+    """``kernel`` (with a ``prepare(dp)`` launcher) prepared on device buffers holding ``problem`` and
+    captured: everything the launch decides is decided here, on ``problem``'s lengths."""
+    dp = DeviceProblem(problem, out_dtype)
+    return GraphRun(kernel.name, dp, kernel.prepare(dp))
 
 
 def pdl_enabled() -> bool:
@@ -266,10 +376,11 @@ def function_ptr(fn) -> int:
     return int(getattr(fn, "kernel", fn).ptr)
 
 
-def launch_kernels(name: str, dp: DeviceProblem, steps, workspace_bytes: int = 0, num_splits: int = 1) -> RunOutput:
+def launch_kernels(name: str, dp: DeviceProblem, steps, workspace_bytes: int = 0, num_splits: int = 1, *,
+                   baked_lengths: bool = False) -> RunOutput:
     """Poison dp's outputs, run ``steps`` in order, synchronize, download. ms spans all the steps."""
     cp = cupy_module()
-    go = make_launcher(dp, steps, workspace_bytes, num_splits)
+    go = make_launcher(dp, steps, workspace_bytes, num_splits, baked_lengths=baked_lengths)
     dp.poison()
     start, stop = cp.cuda.Event(), cp.cuda.Event()
     try:
@@ -295,9 +406,14 @@ class CudaKernel:
         self.bug, self.caps, self.options = int(bug), caps, tuple(options)
         self._loaded: dict[tuple[str, str], Loaded] = {}
 
+    @property
+    def baked_lengths(self) -> bool:
+        """The planted baked-lengths bug: a launch bug, run on the correct build."""
+        return self.bug == Bug.BAKED_LENGTHS
+
     def name_expression(self, kv_dtype: str, out_dtype: str) -> str:
         t = self.template.replace("{kv}", CTYPES[kv_dtype]).replace("{out}", CTYPES[out_dtype])
-        return t.replace("{bug}", str(self.bug))
+        return t.replace("{bug}", str(kernel_bug(Bug(self.bug))))
 
     def load(self, kv_dtype: str, out_dtype: str) -> Loaded:
         key = (kv_dtype, out_dtype)
@@ -316,15 +432,19 @@ class CudaKernel:
 
     def run_on(self, dp: DeviceProblem) -> RunOutput:
         """Poison, launch once, synchronize, download (inputs already on the GPU)."""
-        return launch_kernels(self.name, dp, *self.steps(dp))
+        return launch_kernels(self.name, dp, *self.steps(dp), baked_lengths=self.baked_lengths)
 
-    def prepare(self, dp: DeviceProblem):
-        """A no-sync launcher on dp for timing."""
-        return make_launcher(dp, *self.steps(dp))
+    def prepare(self, dp: DeviceProblem, workspace=None):
+        """A no-sync launcher on dp (for timing and graph capture); ``workspace``: see make_launcher."""
+        return make_launcher(dp, *self.steps(dp), workspace=workspace, baked_lengths=self.baked_lengths)
+
+    def graph(self, problem, out_dtype: str) -> GraphRun:
+        """Prepared on buffers holding ``problem`` and captured into a CUDA graph (kdtr verify --graph)."""
+        return capture_kernel(self, problem, out_dtype)
 
 
 __all__ = [
-    "CTYPES", "CudaKernel", "DeviceProblem", "GpuUnavailable", "KernelRuntimeError", "Launch", "Loaded",
+    "CTYPES", "CaptureError", "CudaGraph", "CudaKernel", "GraphRun", "capture", "capture_kernel", "DeviceProblem", "GpuUnavailable", "KernelRuntimeError", "Launch", "Loaded",
     "RunOutput", "Step", "device_arch", "device_info", "gpu_available", "gpu_unavailable_reason",
     "device_ints", "launch_from_constants", "launch_kernels", "make_launcher", "load_function", "read_global_ints",
 ]

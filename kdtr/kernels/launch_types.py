@@ -23,6 +23,11 @@ class KernelRuntimeError(RuntimeError):
     """A launch failed or the kernel faulted (the message is CUDA's)."""
 
 
+class CaptureError(RuntimeError):
+    """A kernel's launch could not be captured into a CUDA graph: it allocated, synchronised, copied to
+    or from the host, or did anything else stream capture refuses (the message says what CUDA said)."""
+
+
 @dataclass(frozen=True)
 class Launch:
     """How to launch one kernel on one problem."""
@@ -52,7 +57,9 @@ class Step:
     smem: int = 0
     """Dynamic shared memory per CTA, bytes."""
     args: tuple = ()
-    """Arguments after KdtrParams, by value or device arrays (e.g. flash-sm90's tensor map and work table)."""
+    """Arguments after KdtrParams, by value or device arrays (e.g. flash-sm90's tensor map and the plan's FlashSched)."""
+    keep: tuple = ()
+    """Device buffers the arguments point into (e.g. the plan's split table): the launcher holds them."""
 
 
 def launch_from_constants(problem, consts) -> Launch:

@@ -24,9 +24,9 @@ import numpy as np
 
 from kdtr.errors import KernelSpecError
 from kdtr.kernels import python
-from kdtr.kernels.bugs import Bug
+from kdtr.kernels.bugs import Bug, kernel_bug
 from kdtr.kernels.caps import Caps
-from kdtr.kernels.flash import combine, kernel as flash
+from kdtr.kernels.flash import combine, device_plan, kernel as flash
 from kdtr.kernels.flash.force import Force, Merge, RowLayout, parse_force, split_suffix
 from kdtr.kernels.launch import CTYPES, CudaKernel, RunOutput
 from kdtr.kernels.nvrtc import CUDA_DIR
@@ -61,6 +61,13 @@ class EmulateKernel:
         out, lse = emulate_flash(problem, out_dtype, bug=self.bug)
         ms = (time.perf_counter() - t0) * 1e3
         return RunOutput(np.asarray(out, np.float32), np.asarray(lse, np.float32), ms)
+
+    def graph(self, problem, out_dtype: str):
+        """Prepared on host buffers holding ``problem`` and mock-captured (kdtr verify --graph without a GPU):
+        a HostGraphRun whose replays run the plan decided here on whatever the buffers then hold."""
+        from kdtr.kernels.emulate import capture_emulation
+
+        return capture_emulation(self.name, problem, out_dtype, self.bug)
 
 
 # ---- built-ins ---------------------------------------------------------------------------------
@@ -114,6 +121,7 @@ def builtin_names() -> list[str]:
 def compile_targets(bugs=tuple(Bug)) -> list[tuple[Path, list[str], tuple[str, ...]]]:
     """(source, every name expression, archs) of each built-in CUDA kernel with planted bugs ``bugs``
     (all of them: what CI compiles; ``(Bug.NONE,)``: the kernels as shipped, what `kdtr compile` shows)."""
+    bugs = tuple(dict.fromkeys(kernel_bug(Bug(b)) for b in bugs))  # a launch bug runs the correct build
     naive = [NAIVE_TEMPLATE.format(kv=CTYPES[kv], out=CTYPES[o], bug=int(b)) for kv in DTYPES for o in DTYPES for b in bugs]
     targets = [(NAIVE_SOURCE, naive, ALL_ARCHS)]
     for variant, _ in FLASH_VARIANTS.values():
@@ -127,7 +135,8 @@ def compile_targets(bugs=tuple(Bug)) -> list[tuple[Path, list[str], tuple[str, .
         merge += [combine.COMBINE_ROWS.format(out=CTYPES[o], parts=n) for o in DTYPES for n in combine.ROWS_PARTS]
         merge += [combine.COMBINE_NARROW.format(out=CTYPES[o], cols=c, warps=w)
                   for o in DTYPES for c in combine.NARROW_COLS for w in combine.NARROW_WARPS]
-        if variant.tile_ns:  # takes a work table: its cut jobs' merge too
+        if variant.tile_ns:  # takes a work table: its device scheduler and its cut jobs' merge too
+            merge += [device_plan.SCHEDULE_KERNEL]
             merge += [combine.COMBINE_JOBS.format(out=CTYPES[o], rows=16 * mt) for o in DTYPES for mt in variant.mts]
         targets.append((variant.source, exprs + merge, (variant.arch,) if variant.arch else ALL_ARCHS))
     return targets

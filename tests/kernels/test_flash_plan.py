@@ -47,11 +47,20 @@ def test_workspace_holds_partial_out_lse_and_merge_counters():
     assert plan_of(B=2, T=5, H=8, prefix_max=0).workspace_bytes(5, 8) == 0
 
 
-def test_shape_of_a_problem_takes_the_longest_prefix():
+def test_shape_of_a_problem_takes_what_its_buffers_hold_not_its_lengths():
+    """The capacity is the block table's tokens less the tree, in whole 64-key tiles: the same plan whatever
+    lengths the buffers hold (a graph captured at dummy lengths plans as the direct run does)."""
     from types import SimpleNamespace
 
-    shape = Shape.of(SimpleNamespace(B=3, T=9, H=8, prefix_lens=np.array([5, 700, 64])))
-    assert shape == Shape(3, 9, 8, 700) and shape.rows == 72
+    def problem(P, width, page=64):
+        return SimpleNamespace(B=3, T=9, H=8, prefix_lens=np.array(P), page_size=page,
+                               block_table=np.zeros((3, width), np.int32))
+
+    shape = Shape.of(problem([5, 700, 64], 12))
+    assert shape == Shape(3, 9, 8, 704) and shape.rows == 72  # 768 - 9 tokens, whole tiles: 704
+    assert Shape.of(problem([0, 1, 1], 12)) == shape
+    assert Shape.of(problem([8192], 129)).capacity == 8192  # a table as tight as a golden's for P = 8k, T = 9
+    assert Shape.of(problem([0], 1, page=1)).capacity == 0
 
 
 def test_in_kernel_merge_only_on_one_wave_grids_with_a_unit_per_split():

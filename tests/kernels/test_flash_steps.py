@@ -31,7 +31,8 @@ def faked(monkeypatch):
     """spec, (B, T, H, P) -> [(name expression, grid, dependent)] of its launches (+ the steps themselves)."""
     monkeypatch.setattr(launch, "device_info", lambda: {"sm_count": H200_SMS, "regs_per_sm": 65536, "cc": "sm_90",
                                                         "smem_per_sm": 233472, "l2_bytes": 60 << 20})
-    monkeypatch.setattr(launch, "device_ints", lambda a: a)
+    monkeypatch.setattr(launch, "device_ints", lambda a: types.SimpleNamespace(host=a, size=a.size,
+                                                                             data=types.SimpleNamespace(ptr=4096)))
 
     def load(source, expr, arch=None, options=(), dependent=False):  # all rows transposed 56 registers, the merges 80, the rest 168
         regs = 80 if expr.startswith("kdtr_flash_combine") else 56 if expr.endswith(", 0, 1>") else 168
@@ -45,14 +46,17 @@ def faked(monkeypatch):
     def run(spec: str, B: int, T: int, H: int, P: int, full: bool = False):
         k = resolve_kernel(spec)
         k._config = CONFIGS[k.variant.label]
-        pages = B * -(-max(P, 1) // 64)
+        width = -(-(P + T) // 64)  # a block table as tight as a golden's: the plan's capacity is P (P % 64 == 0)
+        pages = B * width + 1
         prob = types.SimpleNamespace(B=B, T=T, H=H, prefix_lens=np.full(B, P, np.int64), page_size=64,
-                                     kv_cache=np.empty((pages, 64, 1), np.uint8))  # [pages, page_size, ...]: shape only
+                                     kv_cache=np.empty((pages, 64, 1), np.uint8),  # [pages, page_size, ...]: shape only
+                                     block_table=np.zeros((B, width), np.int32))
         kv = types.SimpleNamespace(data=types.SimpleNamespace(ptr=0))
         steps, ws, splits = k.steps(types.SimpleNamespace(problem=prob, out_dtype="bf16", kv_cache=kv))
         assert all(isinstance(s, Step) for s in steps)
+        main = next(s for s in steps if "_verify<" in next(iter(s.loaded.compiled.lowered)))
         if k.variant.kv_tensor_map:  # the main kernel takes the cache's tensor map: one box is one 32-key tile
-            assert steps[0].args[0] == tma.kv_map_spec(pages, 64, 576, 64, 32, 9)
+            assert main.args[0] == tma.kv_map_spec(pages, 64, 576, 64, 32, 9)
         made = [(*s.loaded.compiled.lowered, tuple(s.grid), s.loaded.dependent) for s in steps]
         return (made, steps, ws, splits) if full else made
 
@@ -103,13 +107,24 @@ def test_forced_splits_and_combine_kernel(faked):
 
 
 def test_segments_force_the_work_table(faked):
-    """segments=3: a stream-K cut every 3 tiles, the work-table build (Merge.WORK_TABLE) over one CTA a
-    piece, then the cut jobs' merge; segments=0 keeps the uniform grid."""
-    made, steps, ws, slots = faked("flash-sm90[segments=3]", 2, 65, 16, 1500, full=True)
-    assert made[0][0] == "kdtr_flash_sm90_verify<__nv_bfloat16, 0, 2, 0>" and slots > 1
-    assert made[1][0] == "kdtr_flash_combine_jobs<__nv_bfloat16, 64>" and made[1][2]
-    work = steps[0].args[1]
-    assert work.shape[1] == 6 and made[0][1] == (len(work), 1, 1)
+    """segments=3: a stream-K cut every 3 tiles. The device scheduler (one CTA) runs first and writes the tables
+    into the workspace; the work-table build (Merge.WORK_TABLE), launched dependent on it, runs a grid of the
+    most pieces that cut can make at the capacity; then the cut jobs' merge, one row of CTAs per job the table
+    can hold. segments=0 keeps the uniform grid."""
+    from kdtr.kernels.flash import device_plan, schedule
+
+    made, steps, ws, slots = faked("flash-sm90[segments=3]", 2, 64, 16, 1536, full=True)
+    assert made[0] == ("kdtr_flash_schedule", (1, 1, 1), False)
+    assert steps[0].smem == device_plan.SCHED_SMEM_BYTES and steps[0].block == (device_plan.SCHED_THREADS, 1, 1)
+    assert made[1][0] == "kdtr_flash_sm90_verify<__nv_bfloat16, 0, 2, 0>" and made[1][2]  # dependent
+    assert made[2] == ("kdtr_flash_combine_jobs<__nv_bfloat16, 64>", (8, 2 * 16, 1), True)
+    sched = steps[1].args[1][0]
+    assert all(s.args[-1][0] == sched for s in steps)  # one FlashSched for the three launches
+    assert (sched["family"], sched["interval"], sched["row_tiles"], sched["max_jobs"]) == (schedule.Family.STREAM, 3, 16, 32)
+    at_capacity = schedule.device_schedule([1536, 1536], 64, 16, 32, schedule.Recipe(schedule.Family.STREAM, 0, 3))
+    assert len(at_capacity.pieces) <= sched["max_pieces"] == slots == made[1][1][0]
+    assert sched["table_offset"] == slots * 64 * 513 * 4  # after the partials of every slot
+    assert ws == sched["table_offset"] + 4 * device_plan.table_ints(slots, 32, 6, 4)
     assert faked("flash-sm90[segments=0]", 2, 65, 16, 1500)[0][0].endswith(", 0, 0>")
 
 

@@ -27,9 +27,10 @@ def cuts(shape):
     rows = T * H
     jobs = schedule.jobs_of(np.array(P), T, -(-rows // 64), BN)
     yield "uniform/4", jobs, schedule.uniform_pieces(jobs, 4)
-    for label, pieces in schedule.candidates(jobs, SMS, lambda requests: True):
-        yield label, jobs, pieces
+    for recipe, pieces in schedule.candidates(jobs, SMS, lambda requests: True):
+        yield recipe.label, jobs, pieces
     yield "every-3", jobs, schedule.cut_stream(jobs, range(len(jobs)), 3)
+    yield "parts-7", jobs, schedule.cut_stream(jobs, range(len(jobs)), parts=7)
 
 
 @pytest.mark.parametrize("shape", sorted(SHAPES))
@@ -110,8 +111,8 @@ def flash_sm90_plan(T, H, P, bug=0, **force):
 
 
 def table(T, H, P, pl, bug=0, l2=L2, tile_ns=FLASH_SM90.tile_ns, **force):
-    """choose_work_table for prefix lengths P and plan pl; ``force``: Force's fields."""
-    return choose_work_table(np.array(P), Shape(len(P), T, H, max(P)), Device(SMS, l2), flash_sm90_build(bug, tile_ns), pl,
+    """choose_work_table for a batch of len(P) requests at the capacity max(P) and plan pl; ``force``: Force's fields."""
+    return choose_work_table(Shape(len(P), T, H, max(P)), Device(SMS, l2), flash_sm90_build(bug, tile_ns), pl,
                              Force(**force))
 
 
@@ -147,12 +148,23 @@ def test_the_work_table_stays_out_where_the_uniform_plan_is_as_good(T, H, P):
 def test_drifting_cuts_only_where_the_cut_kv_fits_in_l2():
     """Stream-K cuts put a request's row tiles at different keys, so each reads the KV from HBM on
     its own: DeepSeek T65 P128k B1 (151 MB of KV) measured 630 -> 686 us that way. P32k (38 MB)
-    measured 185 -> 177 us."""
+    measured 185 -> 177 us (segments=1: the best cut whatever it gains)."""
     T, H = 65, 16
     for P, l2, drifting in [(131072, L2, False), (32768, L2, True), (131072, 10 * L2, True)]:
         pl = flash_sm90_plan(T, H, (P,))
-        seg = table(T, H, (P,), pl, l2=l2)
+        seg = table(T, H, (P,), pl, l2=l2, segments=1)
         assert (seg is not None and seg.label.startswith("stream-k")) == drifting, (P, l2, seg and seg.label)
+
+
+def test_the_work_table_must_pay_for_its_device_scheduler():
+    """The scheduler costs ~20 us a launch before the main kernel (SCHEDULER_NS): DeepSeek T65 P32k B1's
+    stream-K cut, ~7 us better than the uniform plan by the model, no longer pays; P8k B8's ~110 us does."""
+    from kdtr.kernels.flash.plan import SCHEDULER_NS
+
+    assert SCHEDULER_NS >= 20_000
+    assert table(65, 16, (32768,), flash_sm90_plan(65, 16, (32768,))) is None
+    T, H, P = SHAPES["deepseek-t65-p8k-b8"]
+    assert table(T, H, P, flash_sm90_plan(T, H, P)) is not None
 
 
 def test_a_forced_split_count_keeps_the_uniform_plan():
@@ -193,7 +205,45 @@ def test_table_rows_are_as_wide_as_the_kernels_read_them():
 
     from kdtr.kernels.nvrtc import CUDA_DIR
 
-    text = (CUDA_DIR / "flash_split.cuh").read_text()
+    text = (CUDA_DIR / "flash_sched.cuh").read_text()
     ints = {k: int(v) for k, v in re.findall(r"constexpr int (WORK_INTS|JOB_INTS) = (\d+);", text)}
     assert ints == {"WORK_INTS": len(schedule.WORK_FIELDS), "JOB_INTS": len(schedule.JOB_FIELDS)}
 
+
+
+def test_the_device_mirror_gives_the_hosts_table_at_the_capacity():
+    """The host chooses a recipe with every request at the capacity; the device scheduler applies it to the
+    real lengths (schedule.device_schedule is its mirror): at the capacity it is the very table the host chose."""
+    for T, H, P, force in [(*SHAPES["deepseek-t65-p8k-b8"], {}), (*SHAPES["deepseek-t65-p32k-b1"], {"segments": 1}),
+                           (65, 16, (32768,) * 8, {})]:
+        pl = flash_sm90_plan(T, H, P)
+        chosen = table(T, H, P, pl, **force)
+        assert chosen is not None and chosen.recipe is not None
+        mirror = schedule.device_schedule(P, T, pl.row_tiles, BN, chosen.recipe)
+        assert mirror.pieces == chosen.pieces and mirror.jobs == chosen.jobs
+        for a, b in zip(mirror.tables(np.array(P), BN, 64), chosen.tables(np.array(P), BN, 64)):
+            assert np.array_equal(a, b)
+
+
+@pytest.mark.parametrize("recipe", [
+    schedule.Recipe(schedule.Family.ALIGNED, SMS), schedule.Recipe(schedule.Family.ALIGNED, 4 * SMS),
+    schedule.Recipe(schedule.Family.WHOLE, SMS, whole=SMS), schedule.Recipe(schedule.Family.STREAM, SMS),
+    schedule.Recipe(schedule.Family.STREAM, 0, interval=7)], ids=lambda r: r.label)
+def test_a_recipe_cuts_any_lengths_within_its_bound(recipe):
+    """Replayed at lengths the host never saw (shorter, mixed, zero), a recipe still walks every key of every
+    job once, and makes no more pieces than max_pieces, the grid and table rows the launch reserved."""
+    rng = np.random.default_rng(7)
+    T, H, cap = 65, 16, 8192
+    row_tiles = -(-T * H // 64)
+    for trial in range(40):
+        B = int(rng.integers(8, 12))  # >= 136 jobs: the WHOLE recipe's head fits
+        P = rng.integers(0, cap + 1, B) if trial % 4 else np.full(B, int(rng.integers(0, 3)))
+        s = schedule.device_schedule(P, T, row_tiles, BN, recipe)
+        max_tiles = -(-cap // BN) + -(-T // BN)
+        assert len(s.pieces) <= recipe.max_pieces(len(s.jobs), max_tiles)
+        for j, job in enumerate(s.jobs):
+            mine = sorted((p for p in s.pieces if p.job == j), key=lambda p: (p.lo, p.hi))
+            assert mine[0].lo == 0 and mine[-1].hi == job.pre and mine[-1].tail
+            assert all(a.hi == b.lo for a, b in zip(mine, mine[1:]))
+        sizes = [schedule.tiles(s.jobs[p.job], p) for p in s.pieces]
+        assert sizes == sorted(sizes, reverse=True)

@@ -16,7 +16,9 @@ from pathlib import Path
 
 import numpy as np
 
-from kdtr.inputs.presets import DK
+from kdtr.inputs.presets import DK, DV
+from kdtr.kernels.bugs import Bug, kernel_bug
+from kdtr.kernels.flash import device_plan
 from kdtr.kernels.flash.combine import COMBINE, COMBINE_JOBS, combine_launch
 from kdtr.kernels.flash.force import Force, Merge, RowLayout
 from kdtr.kernels.flash.plan import Build, Device, Shape, choose_work_table, occupancy, plan, row_tile_m
@@ -76,7 +78,9 @@ class FlashVariant:
 
     def dynamic_smem(self, name_expression: str, config: dict) -> int:
         """Dynamic shared memory a launch of kernel ``name_expression`` asks for (what
-        FlashKernel.steps passes): the main kernel's on its row tile; 0 for the merges."""
+        FlashKernel.steps passes): the main kernel's on its row tile, the device scheduler's; 0 for the merges."""
+        if name_expression == device_plan.SCHEDULE_KERNEL:
+            return device_plan.SCHED_SMEM_BYTES
         head = self.main.split("<")[0] + "<"
         if not name_expression.startswith(head):
             return 0
@@ -110,14 +114,15 @@ class FlashKernel:
         self._fns: dict[str, object] = {}
         self._config: dict | None = None
 
-    def _load(self, expr: str):
-        """The loaded kernel; the merges (by name) are launched dependent on the step before them (kdtr/kernels/pdl.py)."""
+    def _load(self, expr: str, dependent: bool = False):
+        """The loaded kernel; the merges (by name), and ``dependent`` builds, are launched dependent on the step
+        before them (kdtr/kernels/pdl.py)."""
         from kdtr.kernels.launch import load_function
 
         if expr not in self._fns:
             options = (f"-D{PROFILE_DEFINE}",) if self.profile else ()
             self._fns[expr] = load_function(self.variant.source, expr, arch=self.variant.arch, options=options,
-                                            dependent=expr.startswith(DEPENDENT_PREFIX))
+                                            dependent=dependent or expr.startswith(DEPENDENT_PREFIX))
         return self._fns[expr]
 
     def _per_sm(self, expr: str, threads: int, dynamic_smem: int, info: dict) -> int:
@@ -137,57 +142,87 @@ class FlashKernel:
         return self._config
 
     def steps(self, dp) -> tuple[list[Step], int, int]:
-        """([Step], workspace_bytes, num_splits): the main kernel, then the split merge where there is one."""
-        from kdtr.kernels.launch import CTYPES, device_info, device_ints
+        """([Step], workspace_bytes, num_splits): the main kernel, then the split merge where there is one; for a
+        work table, the device scheduler first. Planned from dp's shapes and capacity alone (Shape.of), never
+        from its prefix lengths: what depends on those is decided on the device at every launch."""
+        from kdtr.kernels.launch import CTYPES, device_info
 
         pr, info, v, force = dp.problem, device_info(), self.variant, self.force
-        shape = Shape.of(pr)
+        shape, bug = Shape.of(pr), kernel_bug(Bug(self.bug))
         mt = force.mt or v.mt_for(shape.rows)
         out_t, cfg = CTYPES[dp.out_dtype], self.config()
         threads, smem = v.launch_shape(cfg, mt)
 
         def resident(xr: RowLayout) -> int:  # CTAs per SM of a build (the merges and work table keep its bounds)
-            return self._per_sm(v.main.format(mt=mt, out=out_t, bug=self.bug, merge=0, xr=int(xr)), threads, smem, info)
+            return self._per_sm(v.main.format(mt=mt, out=out_t, bug=bug, merge=0, xr=int(xr)), threads, smem, info)
 
         transposed = (v.extra_rows and force.xr is not False and force.merge is not Merge.IN_KERNEL
                       and 0 < shape.rows <= v.extra_rows)
-        build = Build(mt, cfg["BN"], resident(RowLayout.TILES), self.bug, v.merges_in_kernel, v.extra_rows,
+        build = Build(mt, cfg["BN"], resident(RowLayout.TILES), bug, v.merges_in_kernel, v.extra_rows,
                       resident(RowLayout.TRANSPOSED) if transposed else 0, v.tile_ns)
         device = Device(info["sm_count"], info["l2_bytes"])
         pl = plan(shape, device, build, force)
-        table = choose_work_table(pr.prefix_lens, shape, device, build, pl, force)
+        table = choose_work_table(shape, device, build, pl, force)
         if table is not None:
-            return self._work_table_steps(dp, table, mt, out_t, cfg)
-        main = self._load(v.main.format(mt=mt, out=out_t, bug=self.bug, merge=int(pl.merge), xr=int(pl.xr)))
-        no_table = (device_ints(np.zeros(0, np.int32)),) if v.tile_ns else ()
-        steps = [Step(main, pl.grid, (threads, 1, 1), smem, (*self._tensor_map_args(dp, cfg), *no_table))]
+            return self._work_table_steps(dp, shape, pl, table.recipe, mt, out_t, cfg)
+        splits = self._split_table(pl.model.table(shape.capacity))
+        sched = self._sched(splits, cfg)
+        main = self._load(v.main.format(mt=mt, out=out_t, bug=bug, merge=int(pl.merge), xr=int(pl.xr)))
+        steps = [Step(main, pl.grid, (threads, 1, 1), smem, (*self._tensor_map_args(dp, cfg), sched), (splits,))]
         if pl.splits > 1 and pl.merge is not Merge.IN_KERNEL:
             name, grid, merge_threads = combine_launch(
                 shape.rows, pr.B, pl.splits, info["sm_count"], cfg,
                 lambda n, t: self._per_sm(n.format(out=out_t), t, 0, info), force.combine)
-            steps.append(Step(self._load(name.format(out=out_t)), grid, (merge_threads, 1, 1), 0))
+            steps.append(Step(self._load(name.format(out=out_t)), grid, (merge_threads, 1, 1), 0, (sched,), (splits,)))
         return steps, pl.workspace_bytes(pr.T, pr.H), pl.splits
 
-    def _work_table_steps(self, dp, table, mt: int, out_t: str, cfg: dict) -> tuple[list[Step], int, int]:
-        """steps() for a work table: the Merge.WORK_TABLE main kernel over it (one CTA a piece), then
-        kdtr_flash_combine_jobs over the cut jobs if any; num_splits carries the partial slots."""
-        from kdtr.kernels.flash.schedule import JOB_FIELDS, WORK_FIELDS
+    @staticmethod
+    def _split_table(table: np.ndarray):
+        """The plan's split table on the device (uploaded once, when the launch is prepared)."""
         from kdtr.kernels.launch import device_ints
+
+        return device_ints(table)
+
+    def _sched(self, splits, cfg: dict, **work_table) -> np.ndarray:
+        """The FlashSched argument: the split table (its last entry the capacity's) and, for a work table, the
+        recipe and where its tables live in the workspace."""
+        fields = dict(splits=splits.data.ptr, table_offset=device_plan.NO_TABLE, tiles_cap=splits.size - 1,
+                      tile_shift=device_plan.tile_shift(cfg["BN"]), max_pieces=0, max_jobs=0, family=0, target=0,
+                      interval=0, whole=0, row_tiles=0, rows_per_tile=0)
+        return device_plan.pack(**{**fields, **work_table})
+
+    def _work_table_steps(self, dp, shape: Shape, pl, recipe, mt: int, out_t: str, cfg: dict) -> tuple[list[Step], int, int]:
+        """steps() for a work table: the device scheduler (one CTA) writes this launch's work and job tables into
+        the workspace from the prefix lengths; the Merge.WORK_TABLE main kernel, launched dependent on it, runs one
+        CTA a piece (the grid the recipe's most pieces, CTAs past this launch's exit); kdtr_flash_combine_jobs
+        merges the cut jobs (CTAs past them exit). num_splits: the partial slots the workspace holds."""
+        from kdtr.kernels.flash.schedule import JOB_FIELDS, WORK_FIELDS
 
         v, rows = self.variant, 16 * mt
         if (cfg["WORK_INTS"], cfg["JOB_INTS"]) != (len(WORK_FIELDS), len(JOB_FIELDS)):
             raise RuntimeError(f"{v.source.name}: work/job rows of {cfg['WORK_INTS']}/{cfg['JOB_INTS']} ints, "
                                f"kdtr/kernels/flash/schedule.py writes {len(WORK_FIELDS)}/{len(JOB_FIELDS)}")
-        main = self._load(v.main.format(mt=mt, out=out_t, bug=self.bug, merge=int(Merge.WORK_TABLE),
-                                        xr=int(RowLayout.TILES)))
-        work, jobs = table.tables(dp.problem.prefix_lens, cfg["BN"], rows)
+        jobs = shape.B * pl.row_tiles
+        max_pieces = recipe.max_pieces(jobs, -(-shape.capacity // cfg["BN"]) + -(-shape.T // cfg["BN"]))
+        partials = -(-max_pieces * rows * (DV + 1) * 4 // 16) * 16  # fp32 partial out and lse of every slot
+        table_bytes = 4 * device_plan.table_ints(max_pieces, jobs, cfg["WORK_INTS"], cfg["JOB_INTS"])
+        splits = self._split_table(np.ones(1, np.int32))  # unused by these builds; a valid table all the same
+        sched = self._sched(splits, cfg, table_offset=partials, max_pieces=max_pieces, max_jobs=jobs,
+                            family=int(recipe.family), target=recipe.target, interval=recipe.interval,
+                            whole=recipe.whole, row_tiles=pl.row_tiles, rows_per_tile=rows)
+        bug = kernel_bug(Bug(self.bug))
+        main = self._load(v.main.format(mt=mt, out=out_t, bug=bug, merge=int(Merge.WORK_TABLE), xr=int(RowLayout.TILES)),
+                          dependent=True)
         threads, smem = v.launch_shape(cfg, mt)
-        steps = [Step(main, (len(work), 1, 1), (threads, 1, 1), smem, (*self._tensor_map_args(dp, cfg), device_ints(work)))]
-        if len(jobs):
-            warps = cfg["COMBINE_THREADS"] // 32
-            steps.append(Step(self._load(COMBINE_JOBS.format(out=out_t, rows=rows)), (-(-rows // warps), len(jobs), 1),
-                              (cfg["COMBINE_THREADS"], 1, 1), 0, (device_ints(jobs),)))
-        return steps, table.workspace_bytes(rows), max(1, table.slots)
+        warps = cfg["COMBINE_THREADS"] // 32
+        steps = [
+            Step(self._load(device_plan.SCHEDULE_KERNEL), (1, 1, 1), (device_plan.SCHED_THREADS, 1, 1),
+                 device_plan.SCHED_SMEM_BYTES, (sched,), (splits,)),
+            Step(main, (max_pieces, 1, 1), (threads, 1, 1), smem, (*self._tensor_map_args(dp, cfg), sched), (splits,)),
+            Step(self._load(COMBINE_JOBS.format(out=out_t, rows=rows)), (-(-rows // warps), jobs, 1),
+                 (cfg["COMBINE_THREADS"], 1, 1), 0, (sched,), (splits,)),
+        ]
+        return steps, partials + table_bytes, max_pieces
 
     def _tensor_map_args(self, dp, cfg) -> tuple:
         """The main kernel's arguments after KdtrParams: the cache's tensor map where it takes one.
@@ -200,6 +235,11 @@ class FlashKernel:
         spec = tma.kv_map_spec(pages, page_size, DK, cfg["TMA_BOX_COLS"], cfg["BN"], cfg["TMA_BOX_SLABS"])
         return (tma.encode(spec, dp.kv_cache.data.ptr),)
 
+    @property
+    def baked_lengths(self) -> bool:
+        """The planted baked-lengths bug: a launch bug, on the correct builds."""
+        return self.bug == Bug.BAKED_LENGTHS
+
     def run(self, problem, out_dtype: str):
         from kdtr.kernels.launch import DeviceProblem
 
@@ -208,12 +248,20 @@ class FlashKernel:
     def run_on(self, dp):
         from kdtr.kernels.launch import launch_kernels
 
-        return launch_kernels(self.name, dp, *self.steps(dp))
+        return launch_kernels(self.name, dp, *self.steps(dp), baked_lengths=self.baked_lengths)
 
-    def prepare(self, dp):
+    def prepare(self, dp, workspace=None):
+        """A launcher on dp: everything decided and packed here, from shapes; the call only enqueues (graph-safe).
+        ``workspace``: a zero-filled buffer of the steps' workspace bytes to use (one for every layer)."""
         from kdtr.kernels.launch import make_launcher
 
-        return make_launcher(dp, *self.steps(dp))
+        return make_launcher(dp, *self.steps(dp), workspace=workspace, baked_lengths=self.baked_lengths)
+
+    def graph(self, problem, out_dtype: str):
+        """Prepared on buffers holding ``problem`` and captured into a CUDA graph (kdtr verify --graph)."""
+        from kdtr.kernels.launch import capture_kernel
+
+        return capture_kernel(self, problem, out_dtype)
 
 
 def profile_build(kernel: FlashKernel) -> FlashKernel:

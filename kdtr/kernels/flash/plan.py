@@ -1,17 +1,24 @@
 """The flash kernels' launch plan: pure arithmetic on the shape and the SM count, testable without a GPU.
 
-The KV split count from a small cost model (waves of CTAs times the keys each CTA walks, plus the
-combine's traffic), whether flash-sm90 merges the splits itself (one-wave decode grids) or a combine
-launch does (kdtr/kernels/flash/combine.py picks which), where its transposed rows pay, and whether a
-work table (kdtr/kernels/flash/schedule.py) replaces the uniform splits. A Force
-(kdtr/kernels/flash/force.py) overrides any of these choices. kdtr/kernels/flash/kernel.py turns a
-plan into launches; every model constant below was measured on the H200 (docs/PERF.md ledger).
+Graph-safe by construction: a plan is made once from the shapes and a capacity (B, T, H, the longest
+prefix to serve, the SM count), never from the prefix lengths, because a server captures the launch in a
+CUDA graph at dummy lengths and replays it at the real ones (docs/KERNELS.md, "Graph safety"). What
+depends on the lengths is decided on the device at every launch: each request's KV split count by a
+lookup in the plan's split table (SplitModel.table, the cost model below tabulated over every prefix
+length up to the capacity), and, for flash-sm90's work table, the pieces themselves (the device
+scheduler of cuda/flash_sched.cuh, following the recipe kdtr/kernels/flash/schedule.py chose here).
+
+The plan decides: the row tile, the grid's split count (the most any request takes), whether flash-sm90
+merges the splits itself (one-wave decode grids) or a combine launch does (kdtr/kernels/flash/combine.py
+picks which), where its transposed rows pay, and whether a work table replaces the uniform splits. A Force
+(kdtr/kernels/flash/force.py) overrides any of these choices. kdtr/kernels/flash/kernel.py turns a plan
+into launches; every model constant below was measured on the H200 (docs/PERF.md ledger).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -32,6 +39,13 @@ cycles per tile on Kimi T9 B32, 4500 vs 2365 on B1)."""
 CTA_FIXED_TILES, XR_CTA_FIXED_TILES = 4.7, 8.6
 """Model: a CTA's prologue and epilogue in 64-row tiles, without and with transposed rows (same
 runs: ~10 000 and ~18 000 cycles)."""
+SCHEDULER_NS = 20_000.0
+"""Model: what a work table's device scheduler adds before the main kernel (its launch, its run, the main kernel's
+wait; cold launches of the three work-table shapes measured 20-26 us slower than with the host-built table)."""
+MAX_TABLE_PIECES = 4096
+"""Pieces the device scheduler sorts at most (cuda/flash_sched.cuh, SCHED_MAX_PIECES; a test keeps them equal)."""
+MAX_TABLE_JOBS = 4096
+"""(request, row tile) jobs the device scheduler takes at most (cuda/flash_sched.cuh, SCHED_MAX_JOBS)."""
 WORK_TABLE_ROWS = 64
 """A work table only for requests of 64+ rows: tile_ns and CTA_FIXED_TILES were measured on full 64-row
 tiles of the compute shapes, not on decode CTAs whose tiles wait on HBM."""
@@ -43,7 +57,7 @@ unit a split made Kimi T9 decode slower than the combine launch)."""
 
 @dataclass(frozen=True)
 class Shape:
-    """What the plan needs of a verify problem."""
+    """What the plan needs of a verify launch: shapes and a capacity, never the prefix lengths."""
 
     B: int
     """Requests."""
@@ -51,8 +65,9 @@ class Shape:
     """Tree nodes per request."""
     H: int
     """Query heads."""
-    prefix_max: int
-    """The longest prefix of the batch, keys."""
+    capacity: int
+    """The longest prefix the launch must serve, keys (a server's context limit; for a problem, what its
+    block table holds: capacity_of). Longer prefixes still run correctly, at the capacity's split count."""
 
     @property
     def rows(self) -> int:
@@ -61,8 +76,21 @@ class Shape:
 
     @classmethod
     def of(cls, problem) -> Shape:
-        """The shape of a kdtr.inputs.problem.Problem."""
-        return cls(problem.B, problem.T, problem.H, int(np.max(problem.prefix_lens)))
+        """The shape of a kdtr.inputs.problem.Problem: its capacity is what its buffers hold (capacity_of)."""
+        return cls(problem.B, problem.T, problem.H, capacity_of(problem))
+
+
+CAPACITY_GRAIN = 64
+"""capacity_of rounds down to whole multiples of this many keys (the kernels' tiles divide it)."""
+
+
+def capacity_of(problem) -> int:
+    """The longest prefix a problem's buffers hold: its block table's pages less the tree, rounded down to
+    whole CAPACITY_GRAIN keys (a block table sized for a prefix of whole 64-key tiles gives that prefix back).
+    A shape, not a length: a CUDA graph captured on these buffers at dummy lengths plans the same launch as a
+    direct run."""
+    held = problem.block_table.shape[1] * problem.page_size - problem.T
+    return max(0, held // CAPACITY_GRAIN * CAPACITY_GRAIN)
 
 
 @dataclass(frozen=True)
@@ -115,6 +143,8 @@ class FlashPlan:
     xr: RowLayout = RowLayout.TILES
     """The {xr} template: EXTRA, the last row tile also takes the 1..8 rows past a multiple of 16 * mt;
     TRANSPOSED, the one row tile's rows are all transposed."""
+    model: SplitModel | None = None
+    """Each request's split count on the device (its table); None only for plans made by hand in tests."""
 
     @property
     def grid(self) -> tuple[int, int, int]:
@@ -157,6 +187,81 @@ def tiles_per_split(P: int, T: int, splits: int, bn: int) -> int:
     return max(last, -(-(b - a) // bn))
 
 
+SPLIT_MAX = 256
+"""Splits of one request at most."""
+COST_UNIT = 3000
+"""split_counts prices in ns x COST_UNIT, exact integers: the combine's bytes over COMBINE_BYTES_PER_NS
+(3000 bytes a ns) become whole numbers, so the host's table and every tie are exact."""
+
+
+def split_counts(tiles, T: int, bn: int, base_ctas: int, rows: int, B: int, slots: int) -> np.ndarray:
+    """choose_splits for requests of ``tiles`` prefix tiles (an array): the split count minimising
+    waves * (tiles the busiest split walks) * bn * NS_PER_KEY + the combine's traffic and launch, as plan_cost,
+    in exact integers (COST_UNIT). A request of at most MIN_KEYS_PER_SPLIT keys (in whole tiles) takes one
+    split; no split is shorter than that on average; SPLIT_MAX at most. The first minimum wins."""
+    n = np.asarray(tiles, np.int64).reshape(-1, 1)
+    out = np.empty(n.shape[0], np.int64)
+    s = np.arange(1, SPLIT_MAX + 1, dtype=np.int64).reshape(1, -1)
+    tt = -(-T // bn)
+    per_key = int(NS_PER_KEY) * COST_UNIT * bn
+    # plan_cost's B * rows * 4096 * s * 2 bytes at COMBINE_BYTES_PER_NS (3000 a ns), times COST_UNIT: the bytes
+    combine = np.where(s > 1, B * rows * 4096 * 2 * s * COST_UNIT // int(COMBINE_BYTES_PER_NS) + int(LAUNCH_NS) * COST_UNIT, 0)
+    waves = -(-(base_ctas * s) // slots)
+    for i in range(0, n.shape[0], 2048):  # [chunk, SPLIT_MAX] at a time
+        c = n[i:i + 2048]
+        length = np.maximum(1, -(-(c + tt) // s))  # tiles a split gets
+        last = c - np.minimum(c, (s - 1) * length) + tt  # the last split walks the rest and the tail
+        busiest = np.where(s > 1, np.maximum(last, np.minimum(c, length)), last)
+        cost = waves * busiest * per_key + combine
+        allowed = s <= np.maximum(1, np.minimum(SPLIT_MAX, c * bn // MIN_KEYS_PER_SPLIT))
+        cost = np.where(allowed, cost, np.iinfo(np.int64).max)
+        out[i:i + 2048] = np.argmin(cost, axis=1) + 1
+    out[(n[:, 0] * bn) <= MIN_KEYS_PER_SPLIT] = 1
+    return out
+
+
+@dataclass(frozen=True)
+class SplitModel:
+    """How many KV splits a request of a given prefix length takes: choose_splits with the plan's shape-only
+    arguments, tabulated over every prefix tile count up to the capacity (table) for the device to look up
+    at every launch; between at_least and most."""
+
+    T: int
+    """Tree nodes per request (the tail every last split walks)."""
+    bn: int
+    """Keys per KV tile: the table is indexed by ceil(P / bn)."""
+    base_ctas: int
+    """CTAs of one split over the batch (row tiles x B)."""
+    rows: int
+    """Query rows per request (the combine's traffic)."""
+    B: int
+    """Requests."""
+    slots: int
+    """Resident CTAs on the GPU (the waves)."""
+    most: int = SPLIT_MAX
+    """The grid's split count: no request takes more."""
+    at_least: int = 1
+    """The planted merge bug takes at least 2 (it needs a merge to show)."""
+    forced: int = 0
+    """Force.splits: every request takes that many (still between at_least and most); 0: the model."""
+
+    def counts(self, tiles) -> np.ndarray:
+        """Split counts of requests of ``tiles`` prefix tiles (array)."""
+        t = np.asarray(tiles, np.int64)
+        c = (np.full(t.shape, self.forced, np.int64) if self.forced else
+             split_counts(t.reshape(-1), self.T, self.bn, self.base_ctas, self.rows, self.B, self.slots).reshape(t.shape))
+        return np.clip(c, self.at_least, self.most)
+
+    def count(self, prefix: int) -> int:
+        """Split count of a request of ``prefix`` keys."""
+        return int(self.counts(np.array([-(-prefix // self.bn)]))[0])
+
+    def table(self, capacity: int) -> np.ndarray:
+        """[ceil(capacity / bn) + 1] int32: entry n is the split count of a request of n prefix tiles (the device
+        reads entry min(ceil(P / bn), last))."""
+        return self.counts(np.arange(-(-capacity // self.bn) + 1)).astype(np.int32)
+
+
 def plan_cost(prefix_max: int, T: int, bn: int, base_ctas: int, rows: int, B: int, slots: int, s: int,
               tile_cost: float = 1.0, fixed_tiles: float = 0.0) -> float:
     """Model, ns: waves * (keys per CTA * tile_cost + a CTA's fixed tiles) + the combine's traffic."""
@@ -168,15 +273,9 @@ def plan_cost(prefix_max: int, T: int, bn: int, base_ctas: int, rows: int, B: in
 
 
 def choose_splits(prefix_max: int, T: int, bn: int, base_ctas: int, rows: int, B: int, slots: int) -> int:
-    """Split count minimising waves * keys-per-CTA + combine traffic; slots = resident CTAs on the GPU."""
-    if prefix_max <= MIN_KEYS_PER_SPLIT:
-        return 1
-    best, best_cost = 1, math.inf
-    for s in range(1, min(256, prefix_max // MIN_KEYS_PER_SPLIT) + 1):
-        cost = plan_cost(prefix_max, T, bn, base_ctas, rows, B, slots, s)
-        if cost < best_cost - 1e-9:
-            best, best_cost = s, cost
-    return best
+    """Split count minimising waves * keys-per-CTA + combine traffic for a prefix of ``prefix_max`` keys
+    (split_counts of its tiles); slots = resident CTAs on the GPU."""
+    return int(split_counts([-(-prefix_max // bn)], T, bn, base_ctas, rows, B, slots)[0])
 
 
 def occupancy(threads: int, registers: int, smem: int, regs_per_sm: int = 65536, smem_per_sm: int = 233472) -> int:
@@ -213,37 +312,43 @@ def plan(shape: Shape, device: Device, build: Build, force: Force = Force()) -> 
     B32 2-7 % faster); on one-wave grids (Kimi T1 B1-B4) it streams faster and, since the combine launch
     merges few rows in 32-column chunks, ends 0.7-3.2 us sooner than the 64-row build with its in-kernel
     merge (merging in-kernel, in 32-column units, it was no faster)."""
-    B, T, rows, mt, bug = shape.B, shape.T, shape.rows, build.mt, build.bug
+    B, T, rows, mt, bug, cap = shape.B, shape.T, shape.rows, build.mt, build.bug, shape.capacity
     in_kernel = force.merge is Merge.IN_KERNEL  # forced: no layout that cannot merge in the kernel
     extra = 0 if force.xr is False or in_kernel else build.extra_rows
     row_tiles, xr = extra_row_tiles(rows, 16 * mt, extra)
     if build.transposed_ctas_per_sm and 0 < rows <= extra:  # its 64-row plan's splits at its residency
         tiles = plan(shape, device, Build(mt, build.bn, build.transposed_ctas_per_sm, bug), Force(splits=force.splits))
-        return FlashPlan(mt, 1, tiles.splits, B, Merge.COMBINE, RowLayout.TRANSPOSED)
+        return FlashPlan(mt, 1, tiles.splits, B, Merge.COMBINE, RowLayout.TRANSPOSED, tiles.model)
     slots = device.sm_count * build.ctas_per_sm
-    chosen = force.splits or choose_splits(shape.prefix_max, T, build.bn, row_tiles * B, rows, B, slots)
+    chosen = force.splits or choose_splits(cap, T, build.bn, row_tiles * B, rows, B, slots)
     if xr and not force.xr:  # transposed rows only where the model says they pay
         plain = -(-rows // (16 * mt))
-        plain_splits = force.splits or choose_splits(shape.prefix_max, T, build.bn, plain * B, rows, B, slots)
-        if (plan_cost(shape.prefix_max, T, build.bn, plain * B, rows, B, slots, plain_splits, 1.0, CTA_FIXED_TILES)
-                <= plan_cost(shape.prefix_max, T, build.bn, row_tiles * B, rows, B, slots, chosen, XR_TILE_COST,
+        plain_splits = force.splits or choose_splits(cap, T, build.bn, plain * B, rows, B, slots)
+        if (plan_cost(cap, T, build.bn, plain * B, rows, B, slots, plain_splits, 1.0, CTA_FIXED_TILES)
+                <= plan_cost(cap, T, build.bn, row_tiles * B, rows, B, slots, chosen, XR_TILE_COST,
                              XR_CTA_FIXED_TILES)):
-            row_tiles, xr, chosen = plain, 0, plain_splits
-    splits = merged_splits(chosen, bug)
+            row_tiles, xr = plain, 0
+    model = SplitModel(T, build.bn, row_tiles * B, rows, B, slots, at_least=merged_splits(1, bug),
+                       forced=force.splits or 0)
+    # the grid's, the capacity's count: a request takes its own length's, at most this (the model is jumpy
+    # between near-ties: a cap at the most over every length grew grids and workspaces for nothing)
+    splits = model.count(cap)
+    model = replace(model, most=splits)
     units = min(rows, 16 * mt) * MERGE_UNITS_PER_ROW  # of the fullest row tile
     # rows past 64 (transposed) never merge in-kernel: they make 260+ units
     merge = (build.merges_in_kernel and force.merge is not Merge.COMBINE and not xr and splits > 1
              and units <= splits and row_tiles * splits * B <= slots)
-    return FlashPlan(mt, row_tiles, splits, B, Merge.IN_KERNEL if merge else Merge.COMBINE, RowLayout(xr))
+    return FlashPlan(mt, row_tiles, splits, B, Merge.IN_KERNEL if merge else Merge.COMBINE, RowLayout(xr), model)
 
 
-def choose_work_table(prefix_lens, shape: Shape, device: Device, build: Build, pl: FlashPlan,
-                      force: Force = Force()):
-    """The work table (kdtr/kernels/flash/schedule.py's Schedule) that replaces plan ``pl``, or None to keep
-    it. Taken where the model says it saves MIN_GAIN; never with the in-kernel merge or transposed rows (both
-    find their row tile by the grid), nor, unless forced, for fewer than WORK_TABLE_ROWS rows or a forced split
-    count. ``force.segments``: 0 never, 1 the best cut even without a gain, N >= 2 a stream-K cut every N
-    tiles. prefix_lens: [B] prefix lengths."""
+def choose_work_table(shape: Shape, device: Device, build: Build, pl: FlashPlan, force: Force = Force()):
+    """The work table (kdtr/kernels/flash/schedule.py's Schedule, with the Recipe the device scheduler applies at
+    every launch) that replaces plan ``pl``, or None to keep it: chosen at the capacity, every request at the
+    longest prefix it serves. Taken where the model says it saves MIN_GAIN; never with the in-kernel merge or
+    transposed rows (both find their row tile by the grid), nor, unless forced, for fewer than WORK_TABLE_ROWS
+    rows or a forced split count; nor where the scheduler's table would pass its limits (MAX_TABLE_PIECES,
+    MAX_TABLE_JOBS). ``force.segments``: 0 never, 1 the best cut even without a gain, N >= 2 a stream-K cut every
+    N tiles."""
     from kdtr.kernels.flash import schedule
 
     cut = force.segments
@@ -252,10 +357,14 @@ def choose_work_table(prefix_lens, shape: Shape, device: Device, build: Build, p
         return None
     model = {"fixed_tiles": CTA_FIXED_TILES, "ns_per_tile": build.tile_ns, "bytes_per_ns": COMBINE_BYTES_PER_NS,
              "launch_ns": LAUNCH_NS}
+    prefix_lens = np.full(shape.B, shape.capacity, np.int64)
     jobs = schedule.jobs_of(prefix_lens, shape.T, pl.row_tiles, build.bn)
-    kv_bytes = np.asarray(prefix_lens, np.int64) * DK * 2
+    kv_bytes = prefix_lens * DK * 2
     uniform, found = schedule.best(jobs, shape.rows, 16 * pl.mt, device.sm_count * build.ctas_per_sm, pl.splits,
                                    model, cut if cut and cut >= 2 else 0, kv_bytes, device.l2_bytes)
     if found is uniform or (build.bug == Bug.MERGE_WRONG_MAX and not found.split_jobs()):
         return None  # the planted merge bug needs a merge: the uniform plan gives it one
-    return found if cut or found.cost_ns < uniform.cost_ns * (1 - schedule.MIN_GAIN) else None
+    if (len(jobs) > MAX_TABLE_JOBS
+            or found.recipe.max_pieces(len(jobs), max(j.work for j in jobs)) > MAX_TABLE_PIECES):
+        return None
+    return found if cut or found.cost_ns + SCHEDULER_NS < uniform.cost_ns * (1 - schedule.MIN_GAIN) else None

@@ -12,6 +12,12 @@ its tiles plus CTA_FIXED_TILES; the combine moves the partials at COMBINE_BYTES_
 by simulating the in-order dispatch on every SM, for the uniform plan and for each candidate cut;
 the work table is taken only where it beats the uniform plan by MIN_GAIN.
 
+Graph safety: the host chooses a Recipe (which cut, how many CTAs it aims at) once, at the plan's
+capacity (every request at the longest prefix it serves); the device scheduler of cuda/flash_sched.cuh
+applies that recipe to the real prefix lengths at every launch. ``recipe_pieces``, ``longest_first`` and
+``Schedule.tables`` are the scheduler's exact mirror (integer arithmetic throughout; a GPU test compares
+the tables bit for bit), and at the capacity they give the table the host chose.
+
 L2: the row tiles of a request read the same KV. Cut at the same key boundaries and dispatched side
 by side, they stream it from HBM once; cut at drifting boundaries (stream-K proper), each reads it
 on its own, which the model does not price: measured, DeepSeek T65 P128k B1 went 630 ->
@@ -22,6 +28,7 @@ tiles) everywhere.
 
 from __future__ import annotations
 
+import enum
 import heapq
 from dataclasses import dataclass
 from functools import cached_property
@@ -81,6 +88,47 @@ class Piece:
     """Walks the tree tail too (the job's last piece)."""
 
 
+class Family(enum.IntEnum):
+    """The cuts a Recipe names (cuda/flash_sched.cuh's enum SchedFamily mirrors it; a test keeps them equal)."""
+
+    ALIGNED = 0
+    """Each request's row tiles cut at the same keys into a split count in proportion to its work (aligned)."""
+    WHOLE = 1
+    """The first ``whole`` jobs by size walked whole by one CTA each, the rest ALIGNED."""
+    STREAM = 2
+    """Stream-K: the jobs' work laid end to end and cut every total / parts (or every interval) tiles."""
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """How the device scheduler cuts a launch's jobs into pieces (the host's choice at the capacity)."""
+
+    family: Family
+    """Which cut."""
+    target: int
+    """ALIGNED, WHOLE: the CTAs the aligned cut aims at (slots x waves); STREAM: the parts the work is cut into
+    (when interval is 0)."""
+    interval: int = 0
+    """STREAM: a cut every this many tiles instead (a forced cut, for tests and experiments); 0: total / target."""
+    whole: int = 0
+    """WHOLE: jobs walked whole, a multiple of the resident CTAs."""
+
+    @property
+    def label(self) -> str:
+        if self.family is Family.STREAM:
+            return f"stream-k@{self.interval}" if self.interval else f"stream-k/{self.target}"
+        return f"{'whole+' if self.family is Family.WHOLE else ''}aligned/{self.target}"
+
+    def max_pieces(self, n_jobs: int, max_job_tiles: int) -> int:
+        """Pieces the recipe makes at most, whatever the prefix lengths (jobs of at most ``max_job_tiles`` tiles,
+        for a forced interval): the scheduler's grid and table rows. ALIGNED (and WHOLE's rest): a request's split
+        count is at most its share of the target, rounded, plus one, so target + 1.5 jobs."""
+        if self.family is Family.STREAM:
+            cuts = self.target - 1 if not self.interval else n_jobs * max_job_tiles // self.interval
+            return n_jobs + cuts
+        return self.target + 2 * n_jobs
+
+
 @dataclass(frozen=True)
 class Schedule:
     """Pieces in dispatch order (one CTA each) and what the model says they cost."""
@@ -93,6 +141,8 @@ class Schedule:
     """Model: the last SM's finish (simulated dispatch) plus the combine."""
     label: str
     """Which cut made it (for logs and the docs)."""
+    recipe: Recipe | None = None
+    """The recipe that made it (None: the uniform plan)."""
 
     @cached_property
     def counts(self) -> np.ndarray:
@@ -198,23 +248,32 @@ def split_pieces(jobs, splits_of: dict[int, int], order=None) -> list[Piece]:
     return out
 
 
-def cut_stream(jobs, order, interval: float) -> list[Piece]:
-    """Stream-K cut: the jobs' work laid end to end (in ``order``; prefix tiles, then the tail as one
-    block) and cut every ``interval`` tiles and at every job's end. A cut inside a tail moves to its start."""
-    out, pos = [], 0.0
+def stream_cut(k: int, total: int, parts: int, interval: int) -> int:
+    """Where stream-K cut k (k >= 1) falls, in tiles from the start of the work laid end to end."""
+    return k * interval if interval else k * total // parts
+
+
+def cut_stream(jobs, order, interval: int = 0, parts: int = 0) -> list[Piece]:
+    """Stream-K cut: the jobs' work laid end to end (in ``order``; prefix tiles, then the tail as one block)
+    and cut every ``interval`` tiles, or at k * total // parts for k = 1 .. parts - 1, and at every job's end.
+    A cut inside a tail moves to its start. Integer arithmetic, as the device scheduler's."""
+    if not interval and parts < 1:
+        raise ValueError("cut_stream: give an interval or parts >= 1")
+    total = sum(jobs[j].work for j in order)
+    out, pos = [], 0
     for j in order:
         job = jobs[j]
-        n = job.work
-        next_cut = (int(pos // interval) + 1) * interval
+        # the first cut past pos: k * interval > pos, or k * total // parts > pos (k * total >= (pos + 1) * parts)
+        k = pos // interval + 1 if interval else -(-(pos + 1) * parts // total)
         lo = 0
-        while next_cut < pos + n:
-            c = min(int(round(next_cut - pos)), job.pre)
+        while stream_cut(k, total, parts, interval) < pos + job.work:
+            c = min(stream_cut(k, total, parts, interval) - pos, job.pre)
             if c > lo:
                 out.append(Piece(j, lo, c, False))
                 lo = c
-            next_cut += interval
+            k += 1
         out.append(Piece(j, lo, job.pre, True))
-        pos += n
+        pos += job.work
     return out
 
 
@@ -223,38 +282,62 @@ def longest_first(jobs, pieces) -> list[Piece]:
     return sorted(pieces, key=lambda p: -tiles(jobs[p.job], p))
 
 
-def aligned(jobs, order, pieces_target: float) -> list[Piece]:
+def aligned(jobs, order, pieces_target: int) -> list[Piece]:
     """Aligned cuts of the jobs in ``order`` into about pieces_target CTAs: request b gets splits in
-    proportion to its work (at least 1, at most MAX_PIECES and its tiles)."""
+    proportion to its work, round(target * its job's tiles / total), half up, at least 1, at most MAX_PIECES and
+    its job's tiles (integers, as the device scheduler)."""
     work: dict[int, int] = {}
     rows: dict[int, int] = {}
     for j in order:
         work[jobs[j].b] = work.get(jobs[j].b, 0) + jobs[j].work
         rows[jobs[j].b] = rows.get(jobs[j].b, 0) + 1
     total = sum(work.values())
-    splits = {b: max(1, min(MAX_PIECES, work[b] // rows[b], round(pieces_target * work[b] / total / rows[b])))
+    splits = {b: max(1, min(MAX_PIECES, work[b] // rows[b], (2 * pieces_target * (work[b] // rows[b]) + total) // (2 * total)))
               for b in work}
     return split_pieces(jobs, splits, order)
 
 
+def by_size(jobs) -> list[int]:
+    """Jobs by work, longest first, ties in job order: requests by length, their row tiles in order."""
+    return sorted(range(len(jobs)), key=lambda j: (-jobs[j].work, j))
+
+
+def recipe_pieces(jobs, recipe: Recipe) -> list[Piece]:
+    """The pieces ``recipe`` cuts ``jobs`` into, in list order (longest_first then orders them for dispatch)."""
+    if recipe.family is Family.STREAM:
+        return cut_stream(jobs, range(len(jobs)), recipe.interval, recipe.target)
+    if recipe.family is Family.ALIGNED:
+        return aligned(jobs, range(len(jobs)), recipe.target)
+    ranked = by_size(jobs)
+    head = [Piece(j, 0, jobs[j].pre, True) for j in ranked[:recipe.whole]]
+    rest = sorted(ranked[recipe.whole:])
+    return head + (aligned(jobs, rest, recipe.target) if rest else [])
+
+
+def device_schedule(P, T: int, row_tiles: int, bn: int, recipe: Recipe) -> Schedule:
+    """What the device scheduler (cuda/flash_sched.cuh) makes of ``recipe`` at prefix lengths ``P``: the pieces
+    in dispatch order (Schedule.tables gives its work and job tables)."""
+    jobs = jobs_of(np.asarray(P), T, row_tiles, bn)
+    return Schedule(jobs, tuple(longest_first(jobs, recipe_pieces(jobs, recipe))), 0.0, recipe.label, recipe)
+
+
 def candidates(jobs, slots: int, fits_l2):
-    """(label, pieces) of the cuts tried. Aligned: a split count per request, for about 1-4 waves of
+    """(Recipe, pieces) of the cuts tried. Aligned: a split count per request, for about 1-4 waves of
     CTAs; where there are more jobs than SMs, whole jobs for the first multiple of the SM count (they
     write out directly) and the rest aligned. Drifting (stream-K intervals)
     only where fits_l2(requests) says the KV of the requests they cut fits in L2."""
     total = sum(j.work for j in jobs)
-    by_size = sorted(range(len(jobs)), key=lambda j: (-jobs[j].work, j))
     for waves in range(1, 5):
-        yield f"aligned/{waves}", aligned(jobs, range(len(jobs)), slots * waves)
-        interval = total / (slots * waves)
-        if interval >= 1 and fits_l2({j.b for j in jobs}):
-            yield f"stream-k/{waves}", cut_stream(jobs, range(len(jobs)), interval)
+        r = Recipe(Family.ALIGNED, slots * waves)
+        yield r, recipe_pieces(jobs, r)
+        if total >= slots * waves and fits_l2({j.b for j in jobs}):
+            r = Recipe(Family.STREAM, slots * waves)
+            yield r, recipe_pieces(jobs, r)
     whole = len(jobs) // slots * slots
     if whole and whole < len(jobs) and max(j.work for j in jobs) <= WHOLE_MAX_TILES:
-        head = [Piece(j, 0, jobs[j].pre, True) for j in by_size[:whole]]
-        rest = sorted(by_size[whole:])
         for waves in range(1, 4):
-            yield f"whole+aligned/{waves}", head + aligned(jobs, rest, slots * waves)
+            r = Recipe(Family.WHOLE, slots * waves, whole=whole)
+            yield r, recipe_pieces(jobs, r)
 
 
 def best(jobs, rows: int, rows_per_tile: int, slots: int, uniform_splits: int, model: dict,
@@ -267,20 +350,21 @@ def best(jobs, rows: int, rows_per_tile: int, slots: int, uniform_splits: int, m
     def fits_l2(requests) -> bool:
         return kv_bytes is not None and sum(int(kv_bytes[b]) for b in requests) <= l2_bytes
 
-    def priced(label, pieces) -> Schedule:
+    def priced(recipe, pieces) -> Schedule:
         end = finish_tiles(jobs, pieces, slots, model["fixed_tiles"]) * model["ns_per_tile"]
         comb = combine_ns(jobs, pieces, rows, rows_per_tile, model["bytes_per_ns"], model["launch_ns"])
-        return Schedule(jobs, tuple(pieces), end + comb, label)
+        return Schedule(jobs, tuple(pieces), end + comb, recipe.label if recipe else f"uniform/{uniform_splits}",
+                        recipe)
 
-    uniform = priced(f"uniform/{uniform_splits}", uniform_pieces(jobs, uniform_splits))
+    uniform = priced(None, uniform_pieces(jobs, uniform_splits))
     if forced_interval > 0:
-        return uniform, priced(f"stream-k@{forced_interval}",
-                               longest_first(jobs, cut_stream(jobs, range(len(jobs)), forced_interval)))
+        r = Recipe(Family.STREAM, 0, interval=forced_interval)
+        return uniform, priced(r, longest_first(jobs, recipe_pieces(jobs, r)))
     found = None
-    for label, pieces in candidates(jobs, slots, fits_l2):
+    for recipe, pieces in candidates(jobs, slots, fits_l2):
         if pieces_per_job(len(jobs), pieces).max() > MAX_PIECES:
             continue
-        s = priced(label, longest_first(jobs, pieces))
+        s = priced(recipe, longest_first(jobs, pieces))
         if found is None or s.cost_ns < found.cost_ns:
             found = s
     return uniform, found or uniform
