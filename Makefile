@@ -30,11 +30,13 @@ demo: $(STAMP)
 	$(KDTR) show out/demo/dsv3-h16-p0.70-ddtree16m-pg64-bf16-s0.kdtr
 	$(BIN)/python -m kdtr.cli.demo out/demo
 
-## Regenerate the committed ci goldens, and confirm them.
+## Regenerate the committed ci and graph goldens, and confirm them.
 goldens: $(STAMP)
 	$(KDTR) gen --suite ci --out goldens/ci -j 2
+	$(KDTR) gen --suite graph --out goldens/graph -j 2
 check-goldens: $(STAMP)
 	$(KDTR) gen --check --out goldens/ci
+	$(KDTR) gen --check --out goldens/graph
 
 clean:
 	rm -rf $(VENV) out build *.egg-info .pytest_cache

@@ -7,7 +7,8 @@ errors, CUDA errors) become statuses of that case, never exceptions out of the r
 
 With ``isolate=True`` (the CLI's default) each case runs in a child process (kdtr.isolate), so a
 kernel that segfaults, aborts, traps or hangs fails that case only (RUNTIME_ERROR / TIMEOUT), and
-``sanitize`` runs each child under compute-sanitizer (SANITIZER on findings).
+``sanitize`` runs each child under compute-sanitizer (SANITIZER on findings). verify --graph
+(kdtr/check/graph.py) judges each capture's replay with the same ``judge`` into a CaptureResult.
 """
 
 from __future__ import annotations
@@ -19,6 +20,36 @@ import numpy as np
 from kdtr.golden.bundle import Bundle
 from kdtr.check.compare import Check, Status, compare, worst_status
 from kdtr.golden.tolerances import resolve
+
+@dataclass
+class CaptureResult:
+    """One capture of a case under verify --graph (kdtr/check/graph.py): where the launch was prepared and
+    captured, and how its replays on the case's inputs fared."""
+
+    layout: str
+    """Where it was captured: "P=1" (every prefix length 1, a chain tree) or "sibling CASE" (that bundle)."""
+    status: Status
+    """The replay's verdict by the checks of a direct run, RACE, CAPTURE_ERROR, or the kernel's failure."""
+    fill: int | None = None
+    """The prefix length every request had at capture; None for a sibling capture."""
+    sibling: str | None = None
+    """The bundle file captured on, for a sibling capture."""
+    message: str = ""
+    """Why it failed or skipped, one line."""
+    ms: float | None = None
+    """The fastest replay's time (device time on a GPU, wall time on the CPU)."""
+    checks: list[Check] = field(default_factory=list)
+    """The first replay's checks, one per output compared."""
+
+    def to_json(self) -> dict:
+        return {"layout": self.layout, "fill": self.fill, "sibling": self.sibling, "status": self.status.value,
+                "message": self.message, "ms": self.ms, "checks": [c.to_json() for c in self.checks]}
+
+    @classmethod
+    def from_json(cls, d: dict) -> CaptureResult:
+        return cls(d["layout"], Status(d["status"]), d.get("fill"), d.get("sibling"), d.get("message") or "",
+                   d.get("ms"), [Check.from_json(c) for c in d.get("checks") or []])
+
 
 @dataclass
 class CaseResult:
@@ -40,11 +71,16 @@ class CaseResult:
     """Kernel time of the first run as the launcher measured it (not a benchmark)."""
     path: str = ""
     """Bundle file."""
+    captures: list[CaptureResult] = field(default_factory=list)
+    """verify --graph: one per capture of the launch (kdtr/check/graph.py); empty without --graph."""
+    warnings: list[str] = field(default_factory=list)
+    """What did not fail but a reader should know, one line each (a replay much slower than the direct launch)."""
 
     def to_json(self) -> dict:
         return {
             "case": self.case, "kernel": self.kernel, "status": self.status.value, "shape": self.shape,
             "checks": [c.to_json() for c in self.checks], "message": self.message, "ms": self.ms, "path": self.path,
+            "captures": [c.to_json() for c in self.captures], "warnings": list(self.warnings),
         }
 
     @classmethod
@@ -52,7 +88,8 @@ class CaseResult:
         """Inverse of ``to_json``."""
         return cls(d["case"], d["kernel"], Status(d["status"]), dict(d.get("shape") or {}),
                    [Check.from_json(c) for c in d.get("checks") or []], d.get("message") or "", d.get("ms"),
-                   d.get("path") or "")
+                   d.get("path") or "", [CaptureResult.from_json(c) for c in d.get("captures") or []],
+                   list(d.get("warnings") or []))
 
 
 def shape_of(b: Bundle) -> dict:
@@ -81,20 +118,12 @@ def verify_bundle(kernel, bundle: Bundle, repeat: int = 1, overrides: dict | Non
     try:
         first = kernel.run(bundle.problem, bundle.out_dtype)
         res.ms = first.ms
-        outputs = [("out", first.out, bundle.out)]
-        if kernel.writes_lse:
-            outputs.append(("lse", first.lse, bundle.lse))
-        for name, got, want in outputs:
-            tol = resolve(bundle.kv_dtype, bundle.out_dtype, name, bundle.tolerances, (overrides or {}).get(name))
-            chk = compare(got, want, tol, name, depth=bundle.problem.tree_depth)
-            if got is None and (fix := getattr(kernel, "missing_output_fix", None)):  # a callable returned less
-                chk.message = f"{chk.message}: {fix(name)}"
-            res.checks.append(chk)
+        res.checks = judge(kernel, bundle, first, overrides)
         res.status = worst_status(c.status for c in res.checks)
         res.message = next((c.message for c in res.checks if c.status.failed), "")
         for i in range(1, repeat):
             again = kernel.run(bundle.problem, bundle.out_dtype)
-            if not _same_bits(first.out, again.out) or (kernel.writes_lse and not _same_bits(first.lse, again.lse)):
+            if not same_outputs(kernel, first, again):
                 res.status = worst_status([res.status, Status.RACE])
                 res.message = f"repeat {i + 1} of {repeat} differs bitwise from the first run (a race)"
                 break
@@ -103,10 +132,33 @@ def verify_bundle(kernel, bundle: Bundle, repeat: int = 1, overrides: dict | Non
     return res
 
 
+def judge(kernel, bundle: Bundle, got, overrides: dict | None = None) -> list[Check]:
+    """The checks of one run's outputs (a RunOutput) against the bundle's reference: out, and lse where the
+    kernel writes it, each with its calibrated tolerance (and the user's overrides)."""
+    outputs = [("out", got.out, bundle.out)]
+    if kernel.writes_lse:
+        outputs.append(("lse", got.lse, bundle.lse))
+    checks = []
+    for name, have, want in outputs:
+        tol = resolve(bundle.kv_dtype, bundle.out_dtype, name, bundle.tolerances, (overrides or {}).get(name))
+        chk = compare(have, want, tol, name, depth=bundle.problem.tree_depth)
+        if have is None and (fix := getattr(kernel, "missing_output_fix", None)):  # a callable returned less
+            chk.message = f"{chk.message}: {fix(name)}"
+        checks.append(chk)
+    return checks
+
+
+def same_outputs(kernel, a, b) -> bool:
+    """Two runs (RunOutput) gave the same bits in every output the kernel writes."""
+    return _same_bits(a.out, b.out) and (not kernel.writes_lse or _same_bits(a.lse, b.lse))
+
+
 def classify_error(e: Exception) -> tuple[Status, str]:
     kind = type(e).__name__
     if kind == "CompileError":
         return Status.COMPILE_ERROR, str(e).strip()
+    if kind == "CaptureError":
+        return Status.CAPTURE_ERROR, " ".join(str(e).split())[:500]
     if kind in ("KernelTimeout", "TimeoutError"):
         return Status.TIMEOUT, str(e).strip()
     text = " ".join(str(e).split())

@@ -31,6 +31,9 @@ class Status(str, enum.Enum):
     RUNTIME_ERROR = "RUNTIME_ERROR"
     TIMEOUT = "TIMEOUT"
     SANITIZER = "SANITIZER"
+    CAPTURE_ERROR = "CAPTURE_ERROR"
+    """verify --graph: the launch could not be captured into a CUDA graph (it allocated, synchronised or
+    copied to or from the host inside the launch)."""
 
     @property
     def ok(self) -> bool:
@@ -221,7 +224,7 @@ def _flag(chk: Check, status: Status, mask: np.ndarray, got, want, message: str,
 def worst_status(statuses) -> Status:
     """The status that describes a set of checks: the first non-PASS in severity order."""
     order = [
-        Status.COMPILE_ERROR, Status.RUNTIME_ERROR, Status.TIMEOUT, Status.SANITIZER, Status.SHAPE,
+        Status.COMPILE_ERROR, Status.RUNTIME_ERROR, Status.TIMEOUT, Status.SANITIZER, Status.CAPTURE_ERROR, Status.SHAPE,
         Status.UNWRITTEN, Status.NAN, Status.RACE, Status.FAIL_NUMERIC, Status.SKIPPED, Status.PASS,
     ]
     statuses = list(statuses)

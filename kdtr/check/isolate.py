@@ -7,18 +7,20 @@ after a timeout (TIMEOUT). The parent never runs these kernels, so its own CUDA 
 has one) stays clean and the run goes on with the next case.
 
 Protocol: the parent writes a job JSON (kernel spec, bundle path, repeat count, tolerance
-overrides, result path) and runs ``python -m kdtr.check.isolate JOB`` in a new session, so that a
-kill reaches the whole process group (compute-sanitizer's target included). The child
-verifies the case in-process (kdtr.verify.verify_bundle), writes ``{"result": CaseResult
+overrides, result path; under verify --graph the flag and the sibling bundle's path) and runs
+``python -m kdtr.check.isolate JOB`` in a new session, so that a kill reaches the whole process
+group (compute-sanitizer's target included). The child verifies the case in-process
+(kdtr.check.case.verify_bundle, or kdtr.check.graph.verify_graph), writes ``{"result": CaseResult
 JSON}`` (or ``{"error": text}``) to the result path and leaves with os._exit(0), skipping CUDA
 teardown of a possibly poisoned context. The child sees the parent's sys.path (PYTHONPATH),
 so ``module:callable`` kernels import there as they do here.
 
 Default timeout per case (seconds), generous on purpose (a false TIMEOUT costs more than a late
 one; the first case of a run also pays cupy's import and the NVRTC compile):
-    60 + repeat * visible FLOPs / rate + bundle bytes / 1e8
-with rate = 1e10 FLOP/s for GPU kernels and 1e9 for CPU kernels (numpy); under a sanitizer
-(one run): 300 + 100 * (FLOPs / rate + bytes / 1e8).
+    60 + runs * visible FLOPs / rate + bundle bytes / 1e8
+with rate = 1e10 FLOP/s for GPU kernels and 1e9 for CPU kernels (numpy) and runs the repeat count
+(plus every replay under verify --graph: ``runs``); under a sanitizer (one run, or a run and the
+replays): 300 + 100 * (runs * FLOPs / rate + bytes / 1e8).
 
 ``--sanitize TOOL`` runs the child as ``compute-sanitizer --tool TOOL --error-exitcode 99
 --print-limit 20 [--report-api-errors no] python -m kdtr.check.isolate JOB``; exit code 99 makes the
@@ -65,8 +67,17 @@ def default_timeout(flops: int, nbytes: int, repeat: int = 1, gpu: bool = True, 
     """Seconds one case may take before its child is killed (formula in the module docstring)."""
     run = flops / (GPU_RATE if gpu else CPU_RATE)
     if sanitize:
-        return SANITIZER_BASE_S + SANITIZER_SLOWDOWN * (run + nbytes / IO_RATE)
+        return SANITIZER_BASE_S + SANITIZER_SLOWDOWN * (max(1, repeat) * run + nbytes / IO_RATE)
     return BASE_S + max(1, repeat) * run + nbytes / IO_RATE
+
+
+def runs(repeat: int, graph: bool, sanitized: bool) -> int:
+    """Kernel runs a child makes: the repeats (one under a sanitizer), and under verify --graph every
+    capture's replays (kdtr/check/graph.py: up to len(FILLS) + 1 captures of max(2, repeat) replays each)."""
+    from kdtr.check.graph import FILLS
+
+    direct = 1 if sanitized else max(1, repeat)
+    return direct + ((len(FILLS) + 1) * max(2, direct) if graph else 0)
 
 
 def _pip_sanitizers() -> list[str]:
@@ -100,8 +111,9 @@ def sanitizer_command(tool: str) -> list[str]:
 
 
 def run_case(kernel, spec: str, path, repeat: int = 1, overrides: dict | None = None, timeout: float | None = None,
-             sanitizer: list[str] | None = None) -> CaseResult:
-    """Verify one bundle in a child process; a crash or hang is this case's status."""
+             sanitizer: list[str] | None = None, *, graph: bool = False, sibling=None) -> CaseResult:
+    """Verify one bundle in a child process; a crash or hang is this case's status. graph: verify --graph
+    (kdtr/check/graph.py), with ``sibling`` the bundle file of the case's sibling capture (or None)."""
     bundle = load_bundle(path)  # a bad bundle is the user's error, raised here as in-process
     res = new_result(kernel, bundle)
     if res.status is Status.SKIPPED:
@@ -111,12 +123,14 @@ def run_case(kernel, spec: str, path, repeat: int = 1, overrides: dict | None = 
 
         flops = visible_flops(bundle.problem.prefix_lens, bundle.problem.tree_depth, bundle.problem.H)
         gpu = getattr(kernel.caps, "needs_gpu", True)
-        timeout = default_timeout(flops, os.path.getsize(path), repeat, gpu, bool(sanitizer))
+        n_runs = runs(repeat, graph, bool(sanitizer))
+        timeout = default_timeout(flops, os.path.getsize(path), n_runs, gpu, bool(sanitizer))
     del bundle
     with tempfile.TemporaryDirectory(prefix="kdtr-case-") as tmp:
         job, result, log = (os.path.join(tmp, n) for n in ("job.json", "result.json", "child.log"))
         Path(job).write_text(json.dumps({"kernel": spec, "bundle": os.path.abspath(path), "result": result,
-                                         "repeat": 1 if sanitizer else repeat, "overrides": overrides or {}}))
+                                         "repeat": 1 if sanitizer else repeat, "overrides": overrides or {},
+                                         "graph": graph, "sibling": os.path.abspath(sibling) if sibling else None}))
         env = {LINEINFO_ENV: "1"} if sanitizer else {}  # sanitizer reports then name .cu lines
         rc = _run([*(sanitizer or []), sys.executable, "-m", "kdtr.check.isolate", job], log, timeout, env)
         try:
@@ -199,7 +213,14 @@ def child_main(job_path: str) -> None:
         from kdtr.check.case import verify_bundle
 
         kernel = resolve_kernel(job["kernel"])
-        res = verify_bundle(kernel, load_bundle(job["bundle"]), repeat=job["repeat"], overrides=job["overrides"])
+        bundle = load_bundle(job["bundle"])
+        if job.get("graph"):
+            from kdtr.check.graph import verify_graph
+
+            sibling = load_bundle(job["sibling"]) if job.get("sibling") else None
+            res = verify_graph(kernel, bundle, job["repeat"], job["overrides"], sibling)
+        else:
+            res = verify_bundle(kernel, bundle, repeat=job["repeat"], overrides=job["overrides"])
         payload = {"result": res.to_json()}
     except Exception as e:  # a kernel's own failure is already a status; this is the case not starting
         payload = {"error": f"{type(e).__name__}: {' '.join(str(e).split())}"[:500]}

@@ -1,5 +1,6 @@
 """The verify run: check the kernel can run at all (preflight), then judge every bundle, in this
-process or each case in a child (kdtr/check/isolate.py), into one VerifyReport."""
+process or each case in a child (kdtr/check/isolate.py), into one VerifyReport; with ``graph`` each case
+is also captured and replayed as a server's CUDA graph (kdtr/check/graph.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from kdtr.check.case import CaseResult, verify_bundle
+from kdtr.check.graph import siblings, verify_graph
 from kdtr.check.compare import Status
 from kdtr.errors import InputError
 from kdtr.golden.bundle import load_bundle
@@ -60,6 +62,8 @@ class VerifyReport:
     """compute-sanitizer tool every case ran under, or None."""
     lse_checked: bool = True
     """False for a kernel that does not write lse (kdtr_writes_lse = False): only out was judged."""
+    graph: bool = False
+    """verify --graph: each case was also captured and replayed (CaseResult.captures)."""
 
     @property
     def counts(self) -> dict[str, int]:
@@ -77,13 +81,13 @@ class VerifyReport:
         return {
             "kernel": self.kernel, "device": self.device, "device_info": self.device_info, "seconds": self.seconds,
             "counts": self.counts, "failed": self.failed, "isolated": self.isolated, "sanitizer": self.sanitizer,
-            "lse_checked": self.lse_checked, "results": [r.to_json() for r in self.results],
+            "lse_checked": self.lse_checked, "graph": self.graph, "results": [r.to_json() for r in self.results],
         }
 
 
 def run_verify(kernel, paths: list[Path], repeat: int = 1, overrides: dict | None = None, on_case=None, *,
                isolate: bool = False, timeout: float | None = None, sanitize: str | None = None,
-               spec: str | None = None) -> VerifyReport:
+               spec: str | None = None, graph: bool = False) -> VerifyReport:
     """Verify `kernel` (a kdtr.kernels kernel object) on every bundle path.
 
     isolate: run each case in a child process (kdtr.isolate) that re-resolves the kernel from
@@ -93,6 +97,8 @@ def run_verify(kernel, paths: list[Path], repeat: int = 1, overrides: dict | Non
     racecheck, initcheck, synccheck) to run each child under; implies isolate. InputError
     when it is unknown or compute-sanitizer is not installed, or when a tolerance override could
     not fail (NaN, infinite, negative: kdtr.golden.tolerances.check_overrides), before any case runs.
+    graph: verify --graph (kdtr/check/graph.py); each case's sibling capture is the previous bundle of
+    ``paths`` with the same buffers, handed to an isolated child by its path.
     """
     check_overrides(overrides)
     t0 = time.perf_counter()
@@ -102,9 +108,13 @@ def run_verify(kernel, paths: list[Path], repeat: int = 1, overrides: dict | Non
 
         sanitizer = iso.sanitizer_command(sanitize) if sanitize else None
     results = []
-    for path in paths:
+    sibs = siblings(paths) if graph else [None] * len(paths)
+    for path, sib in zip(paths, sibs):
         if isolate:
-            r = iso.run_case(kernel, spec or kernel.name, path, repeat, overrides, timeout, sanitizer)
+            r = iso.run_case(kernel, spec or kernel.name, path, repeat, overrides, timeout, sanitizer,
+                             graph=graph, sibling=sib)
+        elif graph:
+            r = verify_graph(kernel, load_bundle(path), repeat, overrides, load_bundle(sib) if sib else None)
         else:
             r = verify_bundle(kernel, load_bundle(path), repeat=repeat, overrides=overrides)
         results.append(r)
@@ -112,7 +122,7 @@ def run_verify(kernel, paths: list[Path], repeat: int = 1, overrides: dict | Non
             on_case(r)
     device, info = describe_device(kernel, results)
     return VerifyReport(kernel.name, results, time.perf_counter() - t0, device, info,
-                        isolated=isolate, sanitizer=sanitize or None, lse_checked=bool(kernel.writes_lse))
+                        isolated=isolate, sanitizer=sanitize or None, lse_checked=bool(kernel.writes_lse), graph=graph)
 
 
 def describe_device(kernel, results: list[CaseResult]) -> tuple[str, dict]:

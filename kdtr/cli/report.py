@@ -24,7 +24,8 @@ from rich.tree import Tree as RichTree
 STATUS_STYLE = {
     "PASS": "bold green", "SKIPPED": "yellow", "FAIL_NUMERIC": "bold red", "NAN": "bold red",
     "UNWRITTEN": "bold red", "SHAPE": "bold red", "RACE": "bold magenta", "COMPILE_ERROR": "bold red",
-    "RUNTIME_ERROR": "bold red", "TIMEOUT": "bold red", "SANITIZER": "bold red", "SAME": "bold green", "faster": "bold green", "slower": "bold red", "same": "dim",
+    "RUNTIME_ERROR": "bold red", "TIMEOUT": "bold red", "SANITIZER": "bold red", "CAPTURE_ERROR": "bold red",
+    "SAME": "bold green", "faster": "bold green", "slower": "bold red", "same": "dim",
     "DIFFERS": "bold red", "CLEAN": "bold green", "STACK": "yellow", "SPILLS": "bold red", "WGMMA_SERIALIZED": "bold red",
 }
 

@@ -3,6 +3,9 @@
 The default table fits 80 columns: a short case label, the status and the figure that decides
 it, the largest share of a tolerance the case used (above 1 fails); the messages of the cases
 that did not pass follow the table. --wide shows every figure and full case names; --json all.
+--graph (kdtr/check/graph.py): the caption counts the captures that passed (--wide: per case), a case's
+figure is its first failing capture's where the direct run passed, and the warnings (a replay much
+slower than the direct launch) follow the table.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ JUDGED = ("PASS", "FAIL_NUMERIC")
 
 def verify_run(kernel_spec: str, sources: list[str], repeat: int = 1, overrides: dict | None = None,
                json_to: str | None = None, jobs: int = 1, *, isolate: bool = True, timeout: float | None = None,
-               sanitize: str | None = None, force: bool = False, wide: bool = False):
+               sanitize: str | None = None, force: bool = False, wide: bool = False, graph: bool = False):
     """Check everything the user gave, run the verification, show it (or its JSON); the VerifyReport."""
     from kdtr.check.suite import preflight, run_verify
     from kdtr.cli import report
@@ -43,7 +46,7 @@ def verify_run(kernel_spec: str, sources: list[str], repeat: int = 1, overrides:
     paths = find_bundles(sources, jobs=jobs, force=force)
     with report.progress(len(paths), f"verify {kernel.name}", show=json_to != STDOUT) as advance:
         rep = run_verify(kernel, paths, repeat=repeat, overrides=overrides, on_case=lambda r: advance(r.case),
-                         isolate=isolate, timeout=timeout, sanitize=sanitize, spec=kernel_spec)
+                         isolate=isolate, timeout=timeout, sanitize=sanitize, spec=kernel_spec, graph=graph)
     emit(rep.to_json(), json_to, lambda d: render_verify(d, wide))
     return rep
 
@@ -65,8 +68,10 @@ def _over(value: float, bound: float) -> float:
 
 
 def case_share(result: dict) -> tuple[float, str] | None:
-    """The figure that decides a case: the largest share over its outputs, named "out elem" etc."""
-    shares = [(s[0], f"{c['output']} {s[1]}") for c in result["checks"] if (s := share(c)) is not None]
+    """The figure that decides a case: the largest share over its outputs, named "out elem" etc. (under
+    --graph, those of the first failing capture where the direct run passed)."""
+    checks = _failing_checks(result) or result["checks"]
+    shares = [(s[0], f"{c['output']} {s[1]}") for c in checks if (s := share(c)) is not None]
     return max(shares) if shares else None
 
 
@@ -82,15 +87,25 @@ def _figure(x: float | None) -> str:
     return f"{x:.2g}" if x < 0.1 else f"{x:.2f}" if x < 100 else f"{x:.3g}"
 
 
+def _failing_checks(r: dict) -> list[dict]:
+    """The checks a case's message is about: the direct run's where it failed, else those of the first
+    failing capture (verify --graph)."""
+    if any(c["status"] != "PASS" for c in r["checks"]):
+        return r["checks"]
+    bad = [c for c in r.get("captures") or [] if c["status"] != "PASS" and c.get("checks")]
+    return bad[0]["checks"] if bad else []
+
+
 def _detail(r: dict) -> str:
     """The message of a case that did not pass, the worst element, then a line per distinct
     localisation of its failing outputs (which requests, heads, nodes, depths)."""
-    out = next((c for c in r["checks"] if c["output"] == "out"), None)
+    checks = _failing_checks(r)
+    out = next((c for c in checks if c["output"] == "out"), None)
     text = r["message"]
     if out and out["status"] != "PASS" and out.get("worst"):
         text += f" (worst element at {tuple(out['worst'])})"
     wheres: dict[str, list[str]] = {}
-    for c in r["checks"]:
+    for c in checks:
         if c["status"] != "PASS" and c.get("where"):
             wheres.setdefault(c["where"], []).append(c["output"])
     for where, outputs in wheres.items():
@@ -101,12 +116,18 @@ def _detail(r: dict) -> str:
 def render_verify(d: dict, wide: bool = False) -> None:
     from kdtr.cli import report
 
-    how = f" under compute-sanitizer {d['sanitizer']}" if d.get("sanitizer") else ""
+    graph = bool(d.get("graph"))
+    how = (" --graph" if graph else "") + (f" under compute-sanitizer {d['sanitizer']}" if d.get("sanitizer") else "")
     title = f"kdtr verify -k {d['kernel']}{how}\non {d['device']}"  # two lines: a GPU's line is long
     counts = ", ".join(f"{k} {v}" for k, v in sorted(d["counts"].items()))
     notes = [f"{counts} in {d['seconds']:.1f} s"]
     if not d.get("lse_checked", True):
         notes.append("lse not checked (the kernel sets kdtr_writes_lse = False)")
+    if graph:
+        caps = [c for r in d["results"] for c in r.get("captures") or []]
+        notes.append(f"--graph: {sum(c['status'] == 'PASS' for c in caps)} of {len(caps)} captures passed (each case "
+                     "captured at P = 0, 1, 1024 with a chain tree where its buffers hold them, and on the previous "
+                     "bundle of the same buffers, then replayed on it)")
     notes.append("err/tol: the share of a tolerance used, above 1 fails"
                  + (" (" + "; ".join(f"{k}: {v}" for k, v in SHARE_KINDS.items()) + ")" if wide else
                     ", from the element-wise bound (elem), the relative norm (norm) or the cosine (cos)"))
@@ -122,6 +143,13 @@ def render_verify(d: dict, wide: bool = False) -> None:
         report.table(title, ["case", "status", "err/tol", "from"], rows, right=("err/tol",),
                      no_wrap=("status", "err/tol", "from"), caption="; ".join(notes))
     report.details("skipped or failed, and why", [(label(r["case"]), _detail(r)) for r in d["results"] if r["status"] != "PASS"])
+    report.details("warnings", [(label(r["case"]), w) for r in d["results"] for w in r.get("warnings") or []])
+
+
+def captured(r: dict) -> str:
+    """verify --graph's cell: the captures that passed of those made ("3/3"), "-" where none was made."""
+    caps = r.get("captures") or []
+    return f"{sum(c['status'] == 'PASS' for c in caps)}/{len(caps)}" if caps else "-"
 
 
 def _wide_table(report, d: dict, title: str, caption: str) -> None:
@@ -137,12 +165,14 @@ def _wide_table(report, d: dict, title: str, caption: str) -> None:
                      "cos": _over(max(0.0, 1 - out["cos"]), 1 - tol["min_cos"]), "max": out["max_abs"]}
         ls = share(lse) if lse else None
         p = f"{s.get('P_min')}" if s.get("P_min") == s.get("P_max") else f"{s.get('P_min')}..{s.get('P_max')}"
+        graph = [captured(r), report.fmt(min((c["ms"] for c in r["captures"] if c.get("ms") is not None), default=None))
+                 ] if d.get("graph") else []
         rows.append((report.escape(r["case"]), f"{s.get('B')}x{s.get('T')}x{s.get('H')}", p, s.get("tree", ""),
                      f"{s.get('kv')}/{s.get('out')}", *(report.fmt(parts.get(k)) for k in ("elem", "norm", "cos", "max")),
-                     _figure(ls[0]) if ls else "-", report.fmt(r.get("ms")), report.status_text(r["status"])))
+                     _figure(ls[0]) if ls else "-", report.fmt(r.get("ms")), *graph, report.status_text(r["status"])))
     cols = ["case", "BxTxH", "P", "tree", "kv/out", "out elem", "out norm", "out cos", "out max|err|", "lse err/tol",
-            "ms", "status"]
-    report.table(title, cols, rows, right=cols[5:11], caption=caption, wide=True)
+            "ms", *(["graph", "replay ms"] if d.get("graph") else []), "status"]
+    report.table(title, cols, rows, right=cols[5:-1], caption=caption, wide=True)
 
 
 @click.command()
@@ -166,7 +196,12 @@ def _wide_table(report, d: dict, title: str, caption: str) -> None:
 @click.option("--sanitize", type=click.Choice(["memcheck", "racecheck", "initcheck", "synccheck"]), default=None,
               help="Run each case's child (one run) under compute-sanitizer with this tool; findings are SANITIZER.")
 @click.option("--force", is_flag=True, help="Generate a missing suite even where generation's checks would refuse.")
-def verify(bundles, kernel_spec, repeat, json_to, wide, atol, rtol, rel_norm, jobs, isolate, timeout, sanitize, force):
+@click.option("--graph", is_flag=True,
+              help="Also capture each case's launch as a server's CUDA graph (at prefix lengths 0, 1, 1024 and on the "
+                   "previous bundle of the same buffers), write the case into the same buffers and replay: every check "
+                   "applies to the replay, a second replay must match bit for bit, a failed capture is CAPTURE_ERROR.")
+def verify(bundles, kernel_spec, repeat, json_to, wide, atol, rtol, rel_norm, jobs, isolate, timeout, sanitize, force,
+           graph):
     """Verify a kernel against golden bundles (files, directories, globs or suite names; default smoke)."""
     at_least("--repeat", repeat, 1)
     at_least("-j/--jobs", jobs, 1)
@@ -176,5 +211,5 @@ def verify(bundles, kernel_spec, repeat, json_to, wide, atol, rtol, rel_norm, jo
         raise InputError("--timeout and --sanitize run each case in a child process: drop --no-isolate")
     overrides = {"out": {"atol": atol, "rtol": rtol, "rel_norm": rel_norm}}
     rep = verify_run(kernel_spec, list(bundles) or ["smoke"], repeat, overrides, json_to, jobs,
-                     isolate=isolate, timeout=timeout, sanitize=sanitize, force=force, wide=wide)
+                     isolate=isolate, timeout=timeout, sanitize=sanitize, force=force, wide=wide, graph=graph)
     sys.exit(EXIT_FAIL if rep.failed else EXIT_OK)

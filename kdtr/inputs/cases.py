@@ -50,6 +50,10 @@ class CaseSpec:
     """First tree used from json_path."""
     scale: float | None = None
     """Override of the model's softmax scale."""
+    capacity: int | None = None
+    """Tokens per request the block table holds (max_pages = ceil(capacity / page_size), and the cache has
+    B * max_pages + 1 pages), so that cases of different lengths share buffer shapes, as a server's
+    captured buffers do (kdtr verify --graph). None: as many pages as the longest request needs."""
     tags: tuple[str, ...] = field(default=(), compare=False)
     """What the case covers (for listings); not part of its identity."""
 
@@ -69,6 +73,9 @@ class CaseSpec:
             raise ValueError("heads and page_size must be >= 1 and budget >= 0")
         if self.family == "json" and not self.json_path:
             raise ValueError("family 'json' needs json_path (a JSON file of parent arrays)")
+        if self.capacity is not None and self.capacity < max(self.prefix_lens) + self.T:
+            raise ValueError(f"capacity {self.capacity} is below the longest request's P + T = "
+                             f"{max(self.prefix_lens) + self.T}")
         if self.json_path is not None:  # the package's own files as kdtr:REL, never a machine's path
             object.__setattr__(self, "json_path", trees.tree_file_ref(self.json_path))
 
@@ -99,10 +106,26 @@ class CaseSpec:
             tree += f"i{self.json_index}"
         dt = self.kv_dtype if self.out_dtype == self.kv_dtype else f"{self.kv_dtype}o{self.out_dtype}"
         scale = "" if self.scale is None else f"-sc{self.scale:g}"
-        return f"{short}-h{self.heads}-p{plist}-{tree}-pg{self.page_size}-{dt}{scale}-s{self.seed}"
+        cap = "" if self.capacity is None else f"-cap{_size(self.capacity)}"
+        return f"{short}-h{self.heads}-p{plist}-{tree}-pg{self.page_size}{cap}-{dt}{scale}-s{self.seed}"
+
+    @property
+    def max_pages(self) -> int:
+        """Block-table width: the capacity's pages, or the longest request's."""
+        tokens = self.capacity if self.capacity is not None else max(self.prefix_lens) + self.T
+        return -(-tokens // self.page_size)
+
+    @property
+    def num_pages(self) -> int:
+        """Cache pages: every request's own (B * max_pages with a capacity) plus one spare all-NaN page."""
+        if self.capacity is not None:
+            return self.B * self.max_pages + 1
+        return sum(-(-(p + self.T) // self.page_size) for p in self.prefix_lens) + 1
 
     def to_json(self) -> dict:
         d = asdict(self)
+        if self.capacity is None:  # absent, not null: bundles made before the field keep their bytes
+            del d["capacity"]
         d["prefix_lens"] = list(self.prefix_lens)
         d["tags"] = list(self.tags)
         return d
@@ -121,10 +144,9 @@ class CaseSpec:
         """
         es = presets.dtype_of(self.kv_dtype).itemsize
         T, B = self.T, self.B
-        pages = [-(-(p + T) // self.page_size) for p in self.prefix_lens]
         rows = B * T * self.H
-        cache = (sum(pages) + 1) * self.page_size * DK * es  # one spare all-NaN page
-        ints = B * max(pages) + B + 2 * B * T + B * T * mask_words(T)  # block table, P, parent, depth, mask
+        cache = self.num_pages * self.page_size * DK * es  # one spare all-NaN page
+        ints = B * self.max_pages + B + 2 * B * T + B * T * mask_words(T)  # block table, P, parent, depth, mask
         logp = B * presets.DRAFT_DEPTH * min(self.budget, presets.VOCAB) * 8 if self.family == "ddtree" else 0
         return cache + rows * (DK * es + DV * 4 + 8) + 4 * ints + logp
 
@@ -179,10 +201,10 @@ def build_problem(spec: CaseSpec, values: bool = True) -> tuple[Problem, list[tr
     n_tok = [p + T for p in spec.prefix_lens]
     n_pages = [-(-n // pg) for n in n_tok]
     owned = sum(n_pages)
-    num_pages = owned + 1  # one spare page: block-table padding points at it, all NaN
+    num_pages = spec.num_pages  # owned + one spare page (block-table padding points at it, all NaN)
     perm = Stream(spec.seed, key, "pages").permutation(num_pages)
     kv = np.full((num_pages, pg, DK), np.nan, dtype=dt)  # [num_pages, page_size, 576]
-    max_pages = max(n_pages)
+    max_pages = spec.max_pages
     nan_page = int(perm[owned])
     table = np.full((B, max_pages), nan_page, dtype=np.int32)  # [B, max_pages]
     nxt = 0

@@ -4,6 +4,8 @@ smoke: seconds, for the demo. ci: committed under goldens/ci, covers every edge 
 prefix edges, mixed batches, page sizes, dtypes, tree families) within a small byte budget;
 heads are cut where T is large so that float64 outputs stay small. long: real serving sizes
 (prefixes up to 128k, all heads of a TP8 GPU), generated on demand and never committed.
+graph: committed under goldens/graph, for `kdtr verify --graph`: groups of cases that share their
+buffers (a capacity), each case after the one whose capture it replays.
 """
 
 from __future__ import annotations
@@ -84,8 +86,30 @@ def long() -> list[CaseSpec]:
     return out
 
 
-SUITES = {"smoke": smoke, "ci": ci, "long": long}
-COMMITTED = ("ci",)
+def graph() -> list[CaseSpec]:
+    """Groups of cases with one buffer layout each (``capacity``: the same cache and block-table shapes at
+    different prefix lengths and trees). verify --graph captures each case on the previous case of its
+    group (kdtr/check/graph.py), so the order within a group is the transitions a server's replays make."""
+    mixed = dict(model=KIMI, heads=2, family="root", page_size=64, capacity=64)  # B = 8 decode, one page each
+    aligned = dict(model=DSV3, heads=1, budget=31, page_size=64, capacity=192, out_dtype="fp32")  # T = 32
+    one = dict(model=DSV3, heads=2, budget=16, page_size=1, capacity=160)  # B = 1 on SGLang's token pool
+    eight = dict(model=DSV3, heads=1, budget=16, page_size=1, capacity=48)  # B = 8 trees on the token pool
+    return [
+        _c("graph,decode,mixed->mixed,B8", prefix_lens=(0, 1, 5, 31, 32, 33, 62, 63), **mixed),
+        _c("graph,decode,mixed->mixed,B8", prefix_lens=(63, 17, 0, 40, 2, 33, 50, 9), **mixed),
+        _c("graph,ddtree,page-aligned", prefix_lens=(64, 128), **aligned),
+        _c("graph,ddtree,page-aligned->ragged,T32", prefix_lens=(63, 129), **aligned),
+        _c("graph,ddtree,pg1,B1", prefix_lens=(100,), **one),
+        _c("graph,ddtree,pg1,B1,P0", prefix_lens=(0,), **one),
+        _c("graph,ddtree,pg1,B1,new-tree", prefix_lens=(0,), profile="uncertain", **one),
+        _c("graph,chain,pg1,B1,new-tree", prefix_lens=(143,), family="chain", **one),
+        _c("graph,ddtree,pg1,mixed,B8", prefix_lens=(0, 1, 5, 31, 17, 2, 30, 9), **eight),
+        _c("graph,ddtree,pg1,mixed->mixed,B8", prefix_lens=(31, 0, 9, 1, 30, 17, 5, 2), profile="confident", **eight),
+    ]
+
+
+SUITES = {"smoke": smoke, "ci": ci, "long": long, "graph": graph}
+COMMITTED = ("ci", "graph")
 """Suites whose bundles live in the repository (goldens/<suite>/)."""
 
 

@@ -25,16 +25,26 @@ runs in CI without a GPU and shows realistic bf16 error. Steps, and what each mi
    lse = M + log sum w_s, all fp32 (the partials o_s travel as fp32, as every kdtr kernel stores them).
 7. Store: out rounded to the output dtype (bf16 round-to-nearest-even), lse fp32.
 
-Planted bugs (kdtr/kernels/bugs.py) are variants of these steps, implemented exactly as defined there.
+Planted bugs (kdtr/kernels/bugs.py) are variants of these steps, implemented exactly as defined there;
+Bug.BAKED_LENGTHS lives in the launch, not in these steps: a plain run is the correct one.
+
+For ``kdtr verify --graph`` without a GPU, the end of the module mirrors a CUDA graph capture: host
+buffers that stay put (HostBuffers), a prepare step that decides the launch's plan (EmulatePlan) and a
+mock capture that freezes the launch as prepared (MockGraph), replayed on whatever the buffers hold.
 """
 
 from __future__ import annotations
+
+import time
+from dataclasses import dataclass
 
 import ml_dtypes
 import numpy as np
 
 from kdtr.kernels import bugs
 from kdtr.kernels.bugs import Bug
+from kdtr.kernels.contract import POISON_BF16_BITS, POISON_F32_BITS
+from kdtr.kernels.launch_types import RunOutput
 from kdtr.inputs.presets import DK, DV
 from kdtr.inputs.problem import Problem
 from kdtr.inputs.trees import unpack_mask
@@ -204,3 +214,130 @@ def emulate_flash(
         for b in range(problem.B):
             out[b], lse[b] = emulate_request(problem, b, bug, tile, split_len)
     return round_to(out, out_dtype), lse
+
+
+# ---- graph capture without a GPU (kdtr verify --graph) -----------------------------------------------
+
+INPUTS = ("q", "kv_cache", "block_table", "prefix_lens", "tree_mask")
+"""The buffers a server writes before every replay: what ``HostBuffers.upload`` copies in place."""
+
+
+class HostBuffers:
+    """A problem's inputs and outputs in host arrays that stay put, as kdtr.kernels.launch.DeviceProblem keeps
+    them on a GPU: a mock-captured launch holds these arrays and reads whatever they contain when replayed.
+
+    q and kv_cache keep the storage dtype (bf16 as ml_dtypes.bfloat16); out is float32 holding the output
+    dtype's values (a bf16 output widened exactly), lse float32."""
+
+    def __init__(self, problem: Problem, out_dtype: str):
+        if out_dtype not in OUT_DTYPES:
+            raise ValueError(f"out_dtype must be one of {OUT_DTYPES}, got {out_dtype!r}")
+        problem.validate()
+        self.problem, self.out_dtype = problem, out_dtype
+        for name in INPUTS:
+            setattr(self, name, np.array(getattr(problem, name), order="C", copy=True))
+        self.out = np.empty(problem.out_shape(), _F32)  # [B, T, H, 512]
+        self.lse = np.empty((problem.B, problem.T, problem.H), _F32)  # [B, T, H]
+
+    def upload(self, problem: Problem) -> None:
+        """Write ``problem``'s inputs into these arrays in place; ValueError, naming the first, where a shape or
+        dtype differs (a captured launch takes inputs of its own shapes only). out and lse stay as they are."""
+        problem.validate()
+        for name in INPUTS:
+            have, new = getattr(self, name), getattr(problem, name)
+            if have.shape != new.shape or have.dtype != new.dtype:
+                raise ValueError(f"{name}: the buffers hold {list(have.shape)} {have.dtype}, the problem "
+                                 f"{list(new.shape)} {new.dtype}; a captured launch takes inputs of its own shapes only")
+        for name in INPUTS:
+            np.copyto(getattr(self, name), getattr(problem, name))
+        self.problem = problem
+
+    def poison(self) -> None:
+        """The poison patterns of kdtr.kernels.contract in out and lse, as a GPU run writes them first (an
+        element the launch leaves alone reads UNWRITTEN)."""
+        bits = POISON_F32_BITS if self.out_dtype == "fp32" else POISON_BF16_BITS << 16  # bf16 poison, widened
+        self.out.view(np.uint32).fill(bits)
+        self.lse.view(np.uint32).fill(POISON_F32_BITS)
+
+    def download(self) -> tuple[np.ndarray, np.ndarray]:
+        """Copies of out and lse (the next replay overwrites the buffers)."""
+        return self.out.copy(), self.lse.copy()
+
+    def current(self, prefix_lens: np.ndarray | None = None) -> Problem:
+        """The Problem the buffers hold now (no copy); ``prefix_lens`` read in place of theirs."""
+        p = self.problem
+        return Problem(q=self.q, kv_cache=self.kv_cache, block_table=self.block_table,
+                       prefix_lens=self.prefix_lens if prefix_lens is None else prefix_lens,
+                       tree_parent=p.tree_parent, tree_depth=p.tree_depth, tree_mask=self.tree_mask, scale=p.scale)
+
+
+class MockGraph:
+    """What capture makes of a launch without a GPU: the launch closure as prepared, frozen. Replaying calls
+    it on the buffers' current contents, so whatever the prepare step decided stays decided, as in a graph."""
+
+    def __init__(self, launch):
+        self.launch = launch
+
+    def replay(self):
+        return self.launch()
+
+
+class HostGraphRun:
+    """The runner verify --graph drives (the host twin of kdtr.kernels.launch.GraphRun): ``load`` writes a
+    problem's inputs into the captured buffers, ``replay`` poisons the outputs and replays the mock graph.
+
+    A launch closure writes out and lse into the buffers and returns None, or returns its own (out, lse)
+    (a Python callable's results), which are used instead."""
+
+    def __init__(self, name: str, buffers: HostBuffers, graph: MockGraph):
+        self.name, self.buffers, self.graph = name, buffers, graph
+
+    def load(self, problem: Problem) -> None:
+        self.buffers.upload(problem)
+
+    def replay(self) -> RunOutput:
+        self.buffers.poison()
+        t0 = time.perf_counter()
+        got = self.graph.replay()
+        ms = (time.perf_counter() - t0) * 1e3
+        out, lse = self.buffers.download() if got is None else got
+        return RunOutput(out, lse, ms)
+
+
+@dataclass(frozen=True)
+class EmulatePlan:
+    """What emulate-flash's launch decides when it is prepared. A graph-safe kernel decides from shapes alone:
+    the split keys come from the buffers' prefix lengths at every run, as a device-side scheduler does."""
+
+    out_dtype: str
+    """Output dtype written."""
+    bug: Bug
+    """The planted bug emulated (kdtr/kernels/bugs.py)."""
+    tile: int
+    """Keys per KV tile."""
+    baked_lens: tuple[int, ...] | None = None
+    """Bug.BAKED_LENGTHS: the prefix lengths the buffers held when the launch was prepared, which every run
+    reads in place of the buffers' own; None: the buffers' own at every run."""
+
+
+def prepare_emulation(buffers: HostBuffers, out_dtype: str, bug: Bug = Bug.NONE, tile: int = bugs.TILE) -> EmulatePlan:
+    """The plan of a launch on ``buffers``: everything the host decides before it launches."""
+    bug = Bug(bug)
+    baked = tuple(int(p) for p in buffers.prefix_lens) if bug is Bug.BAKED_LENGTHS else None
+    return EmulatePlan(out_dtype, bug, tile, baked)
+
+
+def run_plan(plan: EmulatePlan, buffers: HostBuffers) -> None:
+    """One launch of ``plan`` on the buffers' current contents: out and lse written in place."""
+    lens = None if plan.baked_lens is None else np.asarray(plan.baked_lens, np.int32)
+    out, lse = emulate_flash(buffers.current(lens), plan.out_dtype, plan.bug, tile=plan.tile)
+    buffers.out[...] = out
+    buffers.lse[...] = lse
+
+
+def capture_emulation(name: str, problem: Problem, out_dtype: str, bug: Bug = Bug.NONE) -> HostGraphRun:
+    """emulate-flash prepared on buffers holding ``problem`` and mock-captured: its plan frozen in the closure
+    that every replay runs (kdtr verify --graph without a GPU)."""
+    buffers = HostBuffers(problem, out_dtype)
+    plan = prepare_emulation(buffers, out_dtype, bug)
+    return HostGraphRun(name, buffers, MockGraph(lambda: run_plan(plan, buffers)))

@@ -24,6 +24,15 @@ token pool, v_buffer its first 512 columns; kv_indptr [B+1] int32 / kv_indices i
 slots; k_extend [B*T, 1, 576] / v_extend the tree nodes' latents (also in the pool); qo_indptr
 [B+1] int32; custom_mask and mask_indptr as SglangBatch documents them (torch: a bit-packed mask as
 int32). out is [B*T, H, 512], lse [B*T, H]; kdtr reshapes them to [B, T, H, ...].
+
+CUDA graphs (``kdtr verify --graph``): a GPU callable is called once on device buffers holding the
+capture problem, then captured calling them again (cupy: kdtr.kernels.launch.capture; torch:
+torch.cuda.graph after a side-stream warm-up); the arrays it returns there are the graph's outputs, and
+every replay reads the buffers as the next problem left them. So the callable must not synchronise, copy
+to the host or decide anything from the lengths on the host (a capture that refuses is CAPTURE_ERROR;
+a decision frozen at the capture's lengths fails the replay). A CPU callable has no launch to freeze:
+it is called at each replay on the same host arrays, rewritten in place (a callable that caches results
+per array fails). The SGLang layouts are not captured (their tensors are sized by the lengths): SKIPPED.
 """
 
 from __future__ import annotations
@@ -40,8 +49,10 @@ import numpy as np
 from kdtr.adapters.sglang import MAX_BITPACKED_T, to_sglang
 from kdtr.errors import KernelSpecError
 from kdtr.kernels.caps import Caps
-from kdtr.kernels.launch import DeviceProblem, cupy_module, synchronize
-from kdtr.kernels.launch_types import KernelRuntimeError, RunOutput, storage_bits, to_f32
+from kdtr.kernels.contract import POISON_BF16_BITS, POISON_F32_BITS
+from kdtr.kernels.emulate import INPUTS, HostBuffers, HostGraphRun, MockGraph
+from kdtr.kernels.launch import DeviceProblem, capture, cupy_module, synchronize
+from kdtr.kernels.launch_types import CaptureError, KernelRuntimeError, RunOutput, storage_bits, to_f32
 
 PY_SPEC = re.compile(r"(?:(?P<file>[^:]+\.py)|(?P<module>[A-Za-z_][\w.]*)):(?P<attr>[A-Za-z_][\w.]*)")
 """A kernel spec naming a Python callable: ``package.module:fn`` or ``path/to/file.py:fn``."""
@@ -54,6 +65,11 @@ LAYOUTS = ("kdtr", "sglang", "sglang-bitpacked")
 SGLANG_ARGS = ("q", "k_buffer", "v_buffer", "kv_indptr", "kv_indices", "k_extend", "v_extend", "qo_indptr",
                "custom_mask", "mask_indptr")
 """The positional arguments of an SGLang-layout callable: kdtr.adapters.sglang.SglangBatch fields."""
+
+
+class NoGraph(Exception):
+    """verify --graph cannot capture this kernel for a reason that is no fault of the kernel (a layout that
+    fixed buffers cannot hold): its cases are SKIPPED with the message."""
 
 
 class PyCallableKernel:
@@ -132,26 +148,147 @@ class PyCallableKernel:
         dev["v_buffer"], dev["v_extend"] = dev["k_buffer"][..., :512], dev["k_extend"][..., :512]  # views, as SGLang's
         return [dev[k] for k in SGLANG_ARGS]
 
+    def _framework_args(self, cp, args: list, problem) -> list:
+        """cupy arguments as the callable's framework takes them: torch tensors sharing their memory (bf16 as
+        torch.bfloat16, uint32 as int32), so a write into the cupy buffers is what the callable reads."""
+        if self.framework != "torch":
+            return args
+        import torch
+
+        bf16 = problem.kv_dtype == "bf16"
+        return [
+            torch.from_dlpack(a.view(cp.int16)).view(torch.bfloat16) if (a.dtype == cp.uint16 and bf16)
+            else torch.from_dlpack(a.view(cp.int32) if a.dtype == cp.uint32 else a)
+            for a in args
+        ]
+
     def run(self, problem, out_dtype: str) -> RunOutput:
         if self.device == "cpu":
             return self._run_cpu(problem, out_dtype)
         cp = cupy_module()
-        args = self._device_args(cp, problem, out_dtype)
-        bf16 = problem.kv_dtype == "bf16"
-        if self.framework == "torch":
-            import torch
-
-            args = [
-                torch.from_dlpack(a.view(cp.int16)).view(torch.bfloat16) if (a.dtype == cp.uint16 and bf16)
-                else torch.from_dlpack(a.view(cp.int32) if a.dtype == cp.uint32 else a)
-                for a in args
-            ]
+        args = self._framework_args(cp, self._device_args(cp, problem, out_dtype), problem)
         start, stop = cp.cuda.Event(), cp.cuda.Event()
         start.record()
         res = self._call(args, problem, out_dtype)
         stop.record()
         synchronize(cp, self.name)
         return RunOutput(*self._outputs(res, problem), float(cp.cuda.get_elapsed_time(start, stop)))
+
+    def graph(self, problem, out_dtype: str):
+        """The callable prepared and captured on buffers holding ``problem`` (kdtr verify --graph; module
+        docstring, "CUDA graphs"). NoGraph for the SGLang layouts, CaptureError where capture refuses the call."""
+        if self.layout != "kdtr":
+            raise NoGraph(f"kdtr_layout {self.layout!r}: the SGLang tensors (kv_indices, custom_mask) are sized by "
+                          "the prefix lengths, so no fixed buffers hold another step's; verify --graph takes the "
+                          "kdtr layout")
+        if self.device == "cpu":
+            return self._graph_cpu(problem, out_dtype)
+        return CallableGraphRun(self, problem, out_dtype)
+
+    def _graph_cpu(self, problem, out_dtype: str) -> HostGraphRun:
+        """A CPU callable has no launch to freeze: it is called once on host buffers holding ``problem`` (the
+        warm-up a GPU callable gets), then its mock graph calls it at every replay on the same arrays, rewritten
+        in place, with the capture's scale and page size (a launch's by-value arguments). What it keeps from
+        the warm-up (a plan per array) is what a graph would keep."""
+        buffers = HostBuffers(problem, out_dtype)
+        args = [getattr(buffers, name) for name in INPUTS]
+        self._call(args, problem, out_dtype)
+
+        def launch():
+            return self._outputs(self._call(args, problem, out_dtype), problem)
+
+        return HostGraphRun(self.name, buffers, MockGraph(launch))
+
+
+class CallableGraphRun:
+    """A GPU callable captured as a server captures its verify call: called once outside capture on device
+    buffers holding the capture problem (module loads, allocator pools), then captured calling the same
+    buffers, whose returned out and lse arrays become the graph's static outputs. ``load`` writes another
+    problem's inputs into the argument buffers in place; ``replay`` poisons the static outputs, replays,
+    waits and converts them as a plain run does."""
+
+    def __init__(self, kernel: PyCallableKernel, problem, out_dtype: str):
+        cp = cupy_module()
+        self.kernel, self.problem, self.name = kernel, problem, kernel.name
+        self.dp = DeviceProblem(problem, out_dtype)
+        args = kernel._framework_args(cp, [getattr(self.dp, name) for name in INPUTS], problem)
+        kw = {"scale": float(problem.scale), "out_dtype": out_dtype, "page_size": problem.page_size}
+        if kernel.framework == "torch":
+            self._capture_torch(args, kw)
+        else:
+            self._capture_cupy(cp, args, kw)
+
+    def _capture_cupy(self, cp, args, kw) -> None:
+        self.kernel._call(args, self.problem, kw["out_dtype"])  # the warm-up, outside capture
+        synchronize(cp, self.name)
+        held = []
+        self.graph = capture(lambda: held.append(self.kernel.fn(*args, **kw)))  # CaptureError where refused
+        self.static = held[0]
+        self.torch_graph = None
+
+    def _capture_torch(self, args, kw) -> None:
+        """torch.cuda.graph, after a warm-up call on a side stream, as torch's documentation does it."""
+        import torch
+
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        try:
+            with torch.cuda.stream(side):
+                self.kernel.fn(*args, **kw)
+        except Exception as e:
+            raise KernelRuntimeError(f"{self.name}: {type(e).__name__}: {e}") from e
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph):
+                self.static = self.kernel.fn(*args, **kw)
+        except Exception as e:
+            raise CaptureError(f"the call cannot be captured: {type(e).__name__}: {' '.join(str(e).split())}") from e
+        self.torch_graph, self.graph = graph, None
+
+    def load(self, problem) -> None:
+        self.dp.upload(problem)
+
+    def _poison(self) -> None:
+        """Poison patterns in the static outputs (an element the replay leaves alone reads UNWRITTEN)."""
+        outs = self.static if isinstance(self.static, (tuple, list)) else (self.static,)
+        for a in outs:
+            if hasattr(a, "detach"):  # torch
+                import torch
+
+                wide = a.element_size() == 4
+                a.view(torch.int32 if wide else torch.int16).fill_(POISON_F32_BITS if wide else POISON_BF16_BITS)
+            elif hasattr(a, "view") and hasattr(a, "fill") and a.dtype.itemsize in (2, 4):
+                wide = a.dtype.itemsize == 4
+                a.view(np.uint32 if wide else np.uint16).fill(POISON_F32_BITS if wide else POISON_BF16_BITS)
+
+    def replay(self) -> RunOutput:
+        cp = cupy_module()
+        self._poison()
+        cp.cuda.Device().synchronize()  # the uploads and the poison land before the graph's stream reads them
+        try:
+            if self.torch_graph is not None:
+                import torch
+
+                start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                self.torch_graph.replay()
+                stop.record()
+                torch.cuda.synchronize()
+                ms = float(start.elapsed_time(stop))
+            else:
+                start, stop = cp.cuda.Event(), cp.cuda.Event()
+                start.record(self.graph.stream)
+                self.graph.replay()
+                stop.record(self.graph.stream)
+                synchronize(cp, self.name)
+                ms = float(cp.cuda.get_elapsed_time(start, stop))
+        except KernelRuntimeError:
+            raise
+        except Exception as e:
+            raise KernelRuntimeError(f"{self.name}: graph replay failed: {type(e).__name__}: {e}") from e
+        return RunOutput(*self.kernel._outputs(self.static, self.problem), ms)
 
 
 def _one_line(e: BaseException) -> str:

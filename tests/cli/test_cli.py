@@ -27,7 +27,7 @@ def test_list_json_has_suites_and_models():
     r = run("list", "--json")
     assert r.exit_code == 0
     d = json.loads(r.output)
-    assert set(d["suites"]) == {"smoke", "ci", "long"} and d["models"]["deepseek-v3"]["heads_per_gpu"] == 16
+    assert set(d["suites"]) == {"smoke", "ci", "long", "graph"} and d["models"]["deepseek-v3"]["heads_per_gpu"] == 16
 
 
 def test_gen_explicit_shape_show_and_verify(tmp_path):

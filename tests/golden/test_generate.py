@@ -135,3 +135,25 @@ def test_gen_suite_ci_over_a_copy_of_the_goldens_changes_no_byte(tmp_path):
     assert sorted(p.name for p in copy.iterdir()) == sorted(p.name for p in GOLDENS.iterdir())
     changed = [p.name for p in GOLDENS.iterdir() if (copy / p.name).read_bytes() != p.read_bytes()]
     assert not changed, changed
+
+
+GRAPH = ROOT / "goldens" / "graph"
+
+
+@pytest.mark.skipif(not (GRAPH / gen.MANIFEST).exists(), reason="goldens/graph not generated")
+def test_committed_graph_goldens_match_the_graph_suite_are_small_and_keep_its_order():
+    from kdtr.golden.store import find_bundles
+
+    man = json.loads((GRAPH / gen.MANIFEST).read_text())
+    assert set(man["bundles"]) == {f"{s.name}.kdtr" for s in suites.graph()}
+    total = sum(p.stat().st_size for p in GRAPH.glob("*.kdtr"))
+    assert total < 7e6, f"graph goldens are {total / 1e6:.1f} MB"
+    assert [p.name for p in find_bundles(["graph"])] == [f"{s.name}.kdtr" for s in suites.graph()]  # suite order
+    assert all(read_meta(p)["spec"]["capacity"] for p in GRAPH.glob("*.kdtr"))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (GRAPH / gen.MANIFEST).exists(), reason="goldens/graph not generated")
+def test_committed_graph_goldens_regenerate_exactly():
+    bad = [(r.file, r.problems) for r in gen.check(GRAPH) if not r.ok]
+    assert not bad, bad

@@ -109,6 +109,7 @@ def test_estimate_bounds_the_real_peak(tmp_path, spec):
     CaseSpec(model="kimi-k2", heads=3, prefix_lens=(5, 64), family="chain", budget=40, page_size=1, kv_dtype="fp32"),
     CaseSpec(heads=1, prefix_lens=(33,), family="root", budget=0),
     CaseSpec(heads=2, prefix_lens=(1,), family="star", budget=16, out_dtype="fp32"),
+    CaseSpec(heads=2, prefix_lens=(1, 70), budget=16, page_size=16, capacity=200),  # buffers sized by capacity
 ])
 def test_nbytes_estimate_is_the_data_region(tmp_path, spec):
     b = gen.build_bundle(spec)

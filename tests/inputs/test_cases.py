@@ -88,3 +88,33 @@ def test_names_stay_short_for_big_batches():
     mixed = CaseSpec(prefix_lens=tuple(range(121)))
     assert "p32kx32" in equal.name and len(mixed.name) < 80
     assert CaseSpec(prefix_lens=tuple(range(121))).name == mixed.name != CaseSpec(prefix_lens=tuple(range(1, 122))).name
+
+
+def test_capacity_gives_cases_of_other_lengths_the_same_buffers():
+    """A capacity sizes the block table and the cache (as a server's captured buffers), whatever the lengths;
+    every slot no request owns stays NaN, and the name says so."""
+    a, _ = build_problem(CaseSpec(prefix_lens=(0, 63, 100), budget=16, heads=1, page_size=16, capacity=150))
+    b, _ = build_problem(CaseSpec(prefix_lens=(133, 1, 64), budget=16, heads=1, page_size=16, capacity=150))
+    for name in ("q", "kv_cache", "block_table", "prefix_lens", "tree_mask"):
+        assert getattr(a, name).shape == getattr(b, name).shape, name
+    assert a.block_table.shape == (3, 10) and a.kv_cache.shape == (3 * 10 + 1, 16, DK)
+    flat = b.kv_cache.reshape(-1, DK)
+    owned = np.zeros(flat.shape[0], dtype=bool)
+    for r in range(b.B):
+        owned[b.tokens(r)] = True
+        need = -(-(int(b.prefix_lens[r]) + b.T) // 16)
+        assert np.isnan(b.kv_cache[b.block_table[r, need:]].astype(np.float32)).all()  # padding: the NaN page
+    assert not np.isnan(flat[owned].astype(np.float32)).any() and np.isnan(flat[~owned].astype(np.float32)).all()
+    spec = CaseSpec(prefix_lens=(133, 1, 64), budget=16, heads=1, page_size=16, capacity=2048)
+    assert spec.name == "dsv3-h1-p133.1.64-ddtree16m-pg16-cap2k-bf16-s0"
+    assert CaseSpec.from_json(spec.to_json()) == spec and spec.to_json()["capacity"] == 2048
+
+
+def test_no_capacity_keeps_the_tight_layout_and_the_json_of_older_bundles():
+    spec = CaseSpec(prefix_lens=(0, 63, 100), budget=16, heads=1, page_size=16)
+    assert "capacity" not in spec.to_json() and "cap" not in spec.name
+    assert CaseSpec.from_json(spec.to_json()) == spec
+    p, _ = build_problem(spec)
+    assert p.block_table.shape == (3, 8) and p.kv_cache.shape[0] == 2 + 5 + 8 + 1
+    with pytest.raises(ValueError, match="capacity 100 is below"):
+        CaseSpec(prefix_lens=(90,), budget=16, capacity=100)
