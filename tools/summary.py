@@ -1,13 +1,16 @@
 """Summarise `kdtr bench --json` and `kdtr verify --json` reports, any mix, as plain text.
 
-Bench: a line per (shape, implementation): time, % of the roofline, speedup over torch eager; then, per kernel,
-the shapes that miss the targets (compute-bound at least 50 % of the roofline, memory-bound at least 75 %, at
-least 5x torch eager), each with the time it needs. Verify: a line per report (kernel, sanitizer, status counts,
-the worst out and lse element against its tolerance, seconds) and its failing cases. --merge writes the bench
-reports given as one report (and --csv / --plot beside it), as `kdtr bench` writes a single run.
+Bench: a line per (shape, implementation): time, % of the roofline, speedup over torch eager, and for a
+`kdtr bench --graph` report the per-launch time of the captured graph and its ratio to the direct launch; then,
+per kernel, the shapes that miss the targets (compute-bound at least 50 % of the roofline, memory-bound at
+least 75 %, at least 5x torch eager, a graph replay within 1.1x the direct launch), each with the time it needs.
+Verify: a line per report (kernel, sanitizer, status counts, the worst out and lse element against its tolerance,
+seconds) and its failing cases. --merge writes the bench reports given as one report (and --csv / --plot beside
+it), as `kdtr bench` writes a single run.
 
     python3 tools/summary.py REPORT.json... [--merge OUT.json [--csv OUT.csv] [--plot OUT.png]]
                              [--compute-target 0.5] [--memory-target 0.75] [--eager-target 5]
+                             [--graph-target 1.1]
 """
 
 from __future__ import annotations
@@ -57,9 +60,13 @@ def bench_lines(reports: list[tuple[str, dict]], targets: dict[str, float], show
     pk = reports[0][1]["peaks"]
     rows = [r for _, d in reports for r in d["rows"]]
     impls = list(dict.fromkeys(c["impl"] for r in rows for c in r["cells"]))
+    graph = [i for i in impls if any(c["impl"] == i and not (c.get("graph_status") or "skipped").startswith("skipped")
+                                     for r in rows for c in r["cells"])]  # timed or failed in a graph somewhere
     lines = [f"bench on {pk.get('device', '?')}: copy {pk['copy_gbs']:.0f} GB/s, bf16 GEMM {pk['gemm_tflops']:.0f} "
-             f"TFLOP/s; per implementation: us, % of the roofline, speedup over {EAGER}",
-             f"{'shape':26s} {'bound':7s} {'floor us':>8s}" + "".join(f"  {i[:24]:>24s}" for i in impls)]
+             f"TFLOP/s; per implementation: us, % of the roofline, speedup over {EAGER}"
+             + ("; graph: us per launch replayed in a CUDA graph, its ratio to the direct launch" if graph else ""),
+             f"{'shape':26s} {'bound':7s} {'floor us':>8s}" + "".join(f"  {i[:24]:>24s}" for i in impls)
+             + "".join(f"  {(i[:18] + ' graph'):>24s}" for i in graph)]
     misses: dict[tuple[str, str], list[tuple[float, str]]] = {}
     counts: dict[tuple[str, str], list[int]] = {}
 
@@ -91,10 +98,20 @@ def bench_lines(reports: list[tuple[str, dict]], targets: dict[str, float], show
                 x = eager / c["median_ms"]
                 score(impl, "eager", x >= targets["eager"], targets["eager"] / x,
                       f"{tag}: {x:.2f}x, {us:.1f} us, needs <= {eager * 1e3 / targets['eager']:.1f}")
+        for impl in graph:
+            c = cells.get(impl) or {}
+            line += "  " + graph_text(c)
+            if c.get("graph_ms"):
+                x = c["graph_ms"] / c["median_ms"]
+                score(impl, "graph", x <= targets["graph"], x - targets["graph"],
+                      f"{tag}: {x:.2f}x, {c['graph_ms'] * 1e3:.1f} us, needs <= {c['median_ms'] * 1e3 * targets['graph']:.1f}")
+            elif c.get("graph_status") and not c["graph_status"].startswith("skipped"):
+                score(impl, "graph", False, float("inf"), f"{tag}: {c['graph_status'][:100]}")
         lines.append(line)
     for k in dict.fromkeys(k for k, _ in counts):
-        kinds = [w for w in ("compute", "memory", "eager") if (k, w) in counts]
-        name = {w: f"{w} >= {targets[w]:.0%}" for w in ("compute", "memory")} | {"eager": f">= {targets['eager']:g}x eager"}
+        kinds = [w for w in ("compute", "memory", "eager", "graph") if (k, w) in counts]
+        name = {w: f"{w} >= {targets[w]:.0%}" for w in ("compute", "memory")} | {"eager": f">= {targets['eager']:g}x eager",
+                                                                                "graph": f"graph <= {targets['graph']:g}x direct"}
         lines.append(f"targets, {k}: " + "; ".join(f"{name[w]}: {counts[(k, w)][0]} of {counts[(k, w)][1]}" for w in kinds))
         for w in kinds:
             missed = sorted(misses.get((k, w), []))
@@ -103,6 +120,14 @@ def bench_lines(reports: list[tuple[str, dict]], targets: dict[str, float], show
             if len(missed) > shown:
                 lines.append(f"  miss {name[w]}: and {len(missed) - shown} more")
     return lines
+
+
+def graph_text(c: dict) -> str:
+    """A cell's graph column, 24 wide: per-launch us and the ratio to the direct launch, else why there is none."""
+    if c.get("graph_ms"):
+        return f"{c['graph_ms'] * 1e3:10.1f} {c['graph_ms'] / c['median_ms']:6.2f}x{'':6s}"
+    status = c.get("graph_status") or "-"
+    return f"{('-' if status.startswith('skipped') else status.split()[0].rstrip(':'))[:24]:>24s}"
 
 
 def verify_lines(reports: list[tuple[str, dict]]) -> list[str]:
@@ -153,6 +178,8 @@ def main() -> None:
     ap.add_argument("--memory-target", type=float, default=0.75, help="share of the roofline (default 0.75)")
     ap.add_argument("--misses", type=int, default=5, help="target misses shown per kind, the nearest first (default 5)")
     ap.add_argument("--eager-target", type=float, default=5.0, help="speedup over torch eager (default 5)")
+    ap.add_argument("--graph-target", type=float, default=1.1,
+                    help="graph replay per launch over the direct launch, at most (default 1.1)")
     args = ap.parse_args()
     if (args.csv or args.plot) and not args.merge:
         fail("--csv and --plot go with --merge OUT.json")
@@ -162,7 +189,8 @@ def main() -> None:
     for path in (args.merge, args.csv, args.plot):
         if path and not Path(path).resolve().parent.is_dir():
             fail(f"{path}: its folder does not exist")
-    targets = {"compute": args.compute_target, "memory": args.memory_target, "eager": args.eager_target}
+    targets = {"compute": args.compute_target, "memory": args.memory_target, "eager": args.eager_target,
+               "graph": args.graph_target}
     lines = (bench_lines(bench, targets, args.misses) if bench else []) + ([""] if bench and verify else []) + verify_lines(verify)
     print("\n".join(lines))
     if args.merge:

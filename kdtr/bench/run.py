@@ -4,6 +4,8 @@ Per shape: build the layout (paged cache, DDTree trees), draw fresh random value
 check every implementation once against a reference (exact float64 for small shapes, the
 naive fp32 kernel for large ones; a failing implementation is not timed), then time each with
 CUDA events, warm-up, a flushed L2 and a median over repetitions (kdtr.timing.time_launcher).
+With ``graph``, each kernel is then also timed as a server runs it: L launches on L layers captured in
+one CUDA graph and replayed (kdtr/bench/graph.py), the per-launch time in the cell's graph fields.
 
 FLOPs count visible (q, key) pairs only, 2 * H * sum_t (P_b + depth_t + 1) * (576 + 512);
 bytes are the minimum: the KV each request owns read once, q read, out and lse written.
@@ -25,12 +27,16 @@ EXACT_REF_LIMIT = 1 << 28
 """rows x keys above which the gate's reference is the naive kernel, not the CPU float64 one."""
 
 
+def kv_bytes(problem) -> int:
+    """The KV one launch reads: each request's P_b + T latent rows, once."""
+    return int((problem.prefix_lens.astype(np.int64) + problem.T).sum()) * DK * presets.dtype_of(problem.kv_dtype).itemsize
+
+
 def min_bytes(problem, out_dtype: str) -> int:
     """KV read once per request + q read + out and lse written."""
     es = presets.dtype_of(problem.kv_dtype).itemsize
-    kv = int((problem.prefix_lens.astype(np.int64) + problem.T).sum()) * DK * es
     rows = problem.B * problem.T * problem.H
-    return kv + rows * DK * es + rows * DV * presets.dtype_of(out_dtype).itemsize + rows * 4
+    return kv_bytes(problem) + rows * DK * es + rows * DV * presets.dtype_of(out_dtype).itemsize + rows * 4
 
 
 def roofline_ms(flops: int, nbytes: int, peaks: dict) -> float:
@@ -72,6 +78,21 @@ class Cell:
     """Roofline time / median time."""
     speedup: float | None = None
     """First timed baseline's median / this median."""
+    graph_status: str | None = None
+    """--graph: "ok", or why there is no graph timing ("skipped: ...", "FAIL_NUMERIC under graph replay ...",
+    "CAPTURE_ERROR: ...", "error: ..."); None: not asked for (no --graph, or a report from before it)."""
+    graph_ms: float | None = None
+    """--graph: the median replay of the graph of graph_layers launches, divided by graph_layers: per launch."""
+    graph_iqr_ms: float | None = None
+    """--graph: interquartile range of the replays, divided by graph_layers."""
+    graph_reps: int = 0
+    """--graph: timed replays."""
+    graph_layers: int = 0
+    """--graph: launches (layers, each on its own cache) in the graph (kdtr/bench/graph.py layers_for)."""
+    graph_pct_roofline: float | None = None
+    """--graph: roofline time / graph_ms."""
+    graph_vs_direct: float | None = None
+    """--graph: graph_ms / median_ms, the captured launch's time over the direct one (target <= 1.1)."""
 
 
 @dataclass
@@ -104,8 +125,10 @@ def device_problem(spec: CaseSpec, seed: int = 0):
     return dp
 
 
-def bench_shape(spec: CaseSpec, impls: list, peaks: dict, seed: int = 0, check: bool = True, time_kw=None) -> Row:
-    """Check, then time every implementation on one shape (all on the same device inputs)."""
+def bench_shape(spec: CaseSpec, impls: list, peaks: dict, seed: int = 0, check: bool = True, time_kw=None,
+                graph: bool = False) -> Row:
+    """Check, then time every implementation on one shape (all on the same device inputs); with ``graph``, then
+    time each one's launches captured in a CUDA graph too (kdtr/bench/graph.py)."""
     from kdtr.check.compare import compare
     from kdtr.bench.timing import l2_flush_bytes, time_launcher
     from kdtr.golden.tolerances import default
@@ -148,6 +171,11 @@ def bench_shape(spec: CaseSpec, impls: list, peaks: dict, seed: int = 0, check: 
         if base_ms is None and impl.name.startswith("torch-"):
             base_ms = ms
         row.cells.append(cell)
+    if graph:
+        from kdtr.bench.graph import time_graphs
+
+        time_graphs(dp, spec, impls, row, want, kv_bytes(layout), seed=seed, flush_bytes=flush, time_kw=time_kw,
+                    check=check)
     for c in row.cells:
         if c.median_ms and base_ms:
             c.speedup = base_ms / c.median_ms
@@ -166,7 +194,8 @@ def _gate_reference(dp, spec: CaseSpec) -> np.ndarray:
 
 
 def compare_runs(old: dict, new: dict, noise: float = 0.02) -> list[dict]:
-    """Per (shape, impl) change new/old, flagged only beyond the measured spread of both runs."""
+    """Per (shape, impl) change new/old, flagged only beyond the measured spread of both runs; where both runs
+    timed the cell's graph (--graph), its per-launch time the same way (graph_*; None otherwise)."""
     def cells(rep):
         return {(r["shape"], c["impl"]): c for r in rep["rows"] for c in r["cells"] if c.get("median_ms")}
 
@@ -174,12 +203,21 @@ def compare_runs(old: dict, new: dict, noise: float = 0.02) -> list[dict]:
     out = []
     for key in sorted(set(a) & set(b)):
         o, n = a[key], b[key]
-        spread = (o["iqr_ms"] + n["iqr_ms"]) / 2 + noise * o["median_ms"]
-        delta = n["median_ms"] - o["median_ms"]
-        out.append({"shape": key[0], "impl": key[1], "old_ms": o["median_ms"], "new_ms": n["median_ms"],
-                    "ratio": o["median_ms"] / n["median_ms"], "significant": abs(delta) > spread,
-                    "change": "faster" if delta < -spread else "slower" if delta > spread else "same"})
+        ch = _change(o["median_ms"], n["median_ms"], o["iqr_ms"], n["iqr_ms"], noise)
+        g = (_change(o["graph_ms"], n["graph_ms"], o.get("graph_iqr_ms") or 0.0, n.get("graph_iqr_ms") or 0.0, noise)
+             if o.get("graph_ms") and n.get("graph_ms") else {})
+        out.append({"shape": key[0], "impl": key[1], "old_ms": o["median_ms"], "new_ms": n["median_ms"], **ch,
+                    "old_graph_ms": o.get("graph_ms") if g else None, "new_graph_ms": n.get("graph_ms") if g else None,
+                    "graph_ratio": g.get("ratio"), "graph_change": g.get("change")})
     return out
+
+
+def _change(old_ms: float, new_ms: float, old_iqr: float, new_iqr: float, noise: float) -> dict:
+    """ratio old/new, and whether the change passes the mean IQR plus ``noise`` of the old median."""
+    spread = (old_iqr + new_iqr) / 2 + noise * old_ms
+    delta = new_ms - old_ms
+    return {"ratio": old_ms / new_ms, "significant": abs(delta) > spread,
+            "change": "faster" if delta < -spread else "slower" if delta > spread else "same"}
 
 
 def split_for_devices(items: list, n: int) -> list[list]:
@@ -187,19 +225,25 @@ def split_for_devices(items: list, n: int) -> list[list]:
     return [items[i::n] for i in range(max(1, n))]
 
 
+GRAPH_CSV = ("graph_status", "graph_ms", "graph_iqr_ms", "graph_layers", "graph_pct_roofline", "graph_vs_direct")
+"""The graph columns of a CSV line, present where any cell of the run was asked for one (--graph)."""
+
+
 def to_csv_rows(rows: list[Row]) -> list[dict]:
+    graph = any(c.graph_status is not None for r in rows for c in r.cells)
     flat = []
     for r in rows:
         for c in r.cells:
             flat.append({"shape": r.shape, **r.dims, "flops": r.flops, "bytes": r.nbytes, "roofline_ms": r.roofline_ms,
                          "bound": r.bound, "impl": c.impl, "status": c.status, "median_ms": c.median_ms,
                          "iqr_ms": c.iqr_ms, "tflops": c.tflops, "gbs": c.gbs, "pct_roofline": c.pct_roofline,
-                         "speedup": c.speedup})
+                         "speedup": c.speedup, **({k: getattr(c, k) for k in GRAPH_CSV} if graph else {})})
     return flat
 
 
 def rows_from_json(rows: list[dict]) -> list[Row]:
-    """The Rows of a saved bench report (its JSON "rows")."""
+    """The Rows of a saved bench report (its JSON "rows"); a report from before --graph has no graph fields,
+    which read as not asked for."""
     return [Row(**{**r, "cells": [Cell(**c) for c in r["cells"]]}) for r in rows]
 
 

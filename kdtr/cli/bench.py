@@ -75,7 +75,9 @@ def _impls(kernel_specs, names) -> list:
     return [baseline(b) for b in names] + [resolve_kernel(k) for k in kernel_specs]
 
 
-def bench_run(specs, kernel_specs, names, peaks: dict, check: bool, devices: int = 1, progress: bool = True) -> dict:
+def bench_run(specs, kernel_specs, names, peaks: dict, check: bool, devices: int = 1, progress: bool = True,
+              graph: bool = False) -> dict:
+    """Every shape timed (``graph``: also captured in a CUDA graph, kdtr/bench/graph.py); the report as JSON data."""
     from dataclasses import asdict
 
     from kdtr.bench.run import bench_shape
@@ -85,17 +87,22 @@ def bench_run(specs, kernel_specs, names, peaks: dict, check: bool, devices: int
     impls = _impls(kernel_specs, names)
     rows = []
     if devices > 1:
-        rows = _bench_multi(specs, kernel_specs, names, peaks, check, devices)
+        rows = _bench_multi(specs, kernel_specs, names, peaks, check, devices, graph)
     else:
         with report.progress(len(specs), "bench", show=progress) as advance:
             for s in specs:
-                rows.append(bench_shape(s, impls, peaks, check=check))
+                rows.append(bench_shape(s, impls, peaks, check=check, graph=graph))
                 advance(s.name)
-    return {"peaks": {k: v for k, v in peaks.items() if k not in ("copy", "gemm")}, "rows": [asdict(r) for r in rows],
-            "impls": [i.name for i in impls], **METHOD}
+    out = {"peaks": {k: v for k, v in peaks.items() if k not in ("copy", "gemm")}, "rows": [asdict(r) for r in rows],
+           "impls": [i.name for i in impls], **METHOD}
+    if graph:
+        from kdtr.bench.graph import METHOD as GRAPH
+
+        out["graph"] = {**GRAPH, "checked": check}
+    return out
 
 
-def _bench_multi(specs, kernel_specs, names, peaks, check, devices):
+def _bench_multi(specs, kernel_specs, names, peaks, check, devices, graph=False):
     """One process per GPU (CUDA_VISIBLE_DEVICES), shapes dealt round-robin."""
     import multiprocessing as mp
 
@@ -103,19 +110,20 @@ def _bench_multi(specs, kernel_specs, names, peaks, check, devices):
 
     parts = split_for_devices(list(specs), devices)
     with mp.get_context("spawn").Pool(len(parts)) as pool:
-        results = pool.starmap(_bench_worker, [(i, p, kernel_specs, names, peaks, check) for i, p in enumerate(parts)])
+        results = pool.starmap(_bench_worker, [(i, p, kernel_specs, names, peaks, check, graph)
+                                               for i, p in enumerate(parts)])
     order = {s.name: i for i, s in enumerate(specs)}
     return sorted((r for part in results for r in part), key=lambda r: order[r.shape])
 
 
-def _bench_worker(device: int, specs, kernel_specs, names, peaks, check):
+def _bench_worker(device: int, specs, kernel_specs, names, peaks, check, graph=False):
     import os
 
     os.environ["CUDA_VISIBLE_DEVICES"] = str(device)  # this worker's GPU, before cupy starts
     from kdtr.bench.run import bench_shape
 
     impls = _impls(kernel_specs, names)
-    return [bench_shape(s, impls, peaks, check=check) for s in specs]
+    return [bench_shape(s, impls, peaks, check=check, graph=graph) for s in specs]
 
 
 def render_peaks(pk: dict) -> None:
@@ -124,13 +132,19 @@ def render_peaks(pk: dict) -> None:
     report.kv_table("GPU peaks", [(k, v) for k, v in pk.items() if not isinstance(v, (dict, list))])
 
 
+GRAPH_COLUMNS = ("graph us", "graph/direct", "L")
+"""The bench table's --graph columns, beside the direct time: the per-launch time of the replayed graph, its
+ratio to the direct launch's, and the layers (launches) in the graph."""
+
+
 def render_bench(d: dict) -> None:
     from kdtr.cli import report
 
     pk = d["peaks"]
     report.note(f"peaks on {pk['device']}: copy {pk['copy_gbs']:.0f} GB/s, bf16 GEMM {pk['gemm_tflops']:.0f} TFLOP/s "
                 f"({pk.get('gemm_method', '')}); roofline = max(FLOPs / GEMM peak, bytes / copy peak)")
-    rows = []
+    graph = any(c.get("graph_status") is not None for r in d["rows"] for c in r["cells"])
+    rows, failed = [], []
     for r in d["rows"]:
         timed = [c for c in r["cells"] if c.get("median_ms")]
         fastest = min((c["median_ms"] for c in timed), default=None)
@@ -139,14 +153,37 @@ def render_bench(d: dict) -> None:
                     r["bound"], f"{r['roofline_ms'] * 1e3:.1f}") if i == 0 else ("", "", "", "", "")
             if c.get("median_ms"):
                 t = f"{c['median_ms'] * 1e3:.1f} ±{c['iqr_ms'] * 1e3:.1f}"
-                cells = (report.best(t) if c["median_ms"] == fastest else t, f"{c['tflops']:.1f}", f"{c['gbs']:.0f}",
-                         f"{c['pct_roofline']:.1%}", f"{c['speedup']:.1f}x" if c.get("speedup") else "-")
+                first = (report.best(t) if c["median_ms"] == fastest else t,)
+                cells = (f"{c['tflops']:.1f}", f"{c['gbs']:.0f}", f"{c['pct_roofline']:.1%}",
+                         f"{c['speedup']:.1f}x" if c.get("speedup") else "-")
             else:
-                cells = (report.warn(c["status"][:60]), "", "", "", "")
-            rows.append(head + (report.escape(c["impl"]),) + cells)
-    report.table("kdtr bench", ["shape", "BxTxH", "P", "bound", "floor us", "impl", "time us", "TFLOP/s", "GB/s",
+                first, cells = (report.warn(c["status"][:60]),), ("", "", "", "")
+            extra = graph_cells(c, report) if graph else ()
+            if graph and c.get("graph_status") and not c["graph_status"].startswith(("ok", "skipped")):
+                failed.append((f"{r['shape']} {c['impl']}", c["graph_status"]))
+            rows.append(head + (report.escape(c["impl"]),) + first + extra + cells)
+    time_cols = ("time us", *(GRAPH_COLUMNS if graph else ()))
+    report.table("kdtr bench", ["shape", "BxTxH", "P", "bound", "floor us", "impl", *time_cols, "TFLOP/s", "GB/s",
                                 "% roofline", "vs torch"], rows,
-                 right=("floor us", "time us", "TFLOP/s", "GB/s", "% roofline", "vs torch"))
+                 right=("floor us", *time_cols, "TFLOP/s", "GB/s", "% roofline", "vs torch"))
+    if graph:
+        how = d.get("graph") or {}
+        report.note(f"graph us: per launch of L launches (L layers, each on its own cache) captured in one CUDA graph at "
+                    f"prefix length {how.get('capture_prefix_len', 1)} and replayed at the real lengths; "
+                    + ("every layer's output checked before timing" if how.get("checked", True) else "not checked (--no-check)"))
+        report.details("graph failures", failed)
+
+
+def graph_cells(c: dict, report) -> tuple[str, str, str]:
+    """A cell's --graph columns: per-launch us, graph/direct and L; "-" where it was not timed (the JSON
+    says why), the status's first word where the replay failed (its full text below the table)."""
+    if c.get("graph_ms"):
+        return (f"{c['graph_ms'] * 1e3:.1f}", f"{c['graph_vs_direct']:.2f}x" if c.get("graph_vs_direct") else "-",
+                str(c.get("graph_layers") or "-"))
+    status = c.get("graph_status") or ""
+    if not status or status.startswith("skipped"):
+        return ("-", "", "")
+    return (report.warn(status.split()[0].rstrip(":")), "", str(c.get("graph_layers") or ""))
 
 
 def load_bench_report(path: str) -> dict:
@@ -161,7 +198,8 @@ def load_bench_report(path: str) -> dict:
     def cell_ok(c) -> bool:
         timed = ("median_ms", "iqr_ms")
         return isinstance(c, dict) and isinstance(c.get("impl"), str) and (
-            not c.get("median_ms") or all(isinstance(c.get(k), (int, float)) for k in timed))
+            not c.get("median_ms") or all(isinstance(c.get(k), (int, float)) for k in timed)) and (
+            not c.get("graph_ms") or isinstance(c["graph_ms"], (int, float)))
 
     rows = d.get("rows") if isinstance(d, dict) else None
     if not isinstance(rows, list) or not all(isinstance(r, dict) and isinstance(r.get("shape"), str)
@@ -182,10 +220,20 @@ def bench_compare(old_path: str, new_path: str) -> dict:
 def render_bench_compare(d: dict) -> None:
     from kdtr.cli import report
 
-    rows = [(report.escape(c["shape"]), report.escape(c["impl"]), f"{c['old_ms'] * 1e3:.1f}", f"{c['new_ms'] * 1e3:.1f}",
-             f"{c['ratio']:.2f}x", report.status_text(c["change"])) for c in d["changes"]]
-    report.table(f"bench compare {d['old']} -> {d['new']}", ["shape", "impl", "old us", "new us", "speedup", "change"],
-                 rows, right=("old us", "new us", "speedup"), no_wrap=("change",))
+    graph = any(c.get("graph_change") for c in d["changes"])
+    rows = []
+    for c in d["changes"]:
+        row = (report.escape(c["shape"]), report.escape(c["impl"]), f"{c['old_ms'] * 1e3:.1f}", f"{c['new_ms'] * 1e3:.1f}",
+               f"{c['ratio']:.2f}x", report.status_text(c["change"]))
+        if graph:
+            row += ((f"{c['old_graph_ms'] * 1e3:.1f}", f"{c['new_graph_ms'] * 1e3:.1f}", f"{c['graph_ratio']:.2f}x",
+                     report.status_text(c["graph_change"])) if c.get("graph_change") else ("-", "-", "", ""))
+        rows.append(row)
+    cols = ["shape", "impl", "old us", "new us", "speedup", "change"]
+    gcols = ["old graph us", "new graph us", "graph speedup", "graph change"] if graph else []
+    report.table(f"bench compare {d['old']} -> {d['new']}", cols + gcols, rows,
+                 right=("old us", "new us", "speedup", "old graph us", "new graph us", "graph speedup"),
+                 no_wrap=("change", "graph change"))
     if not d["changes"]:
         report.note("no (shape, impl) pair was timed in both runs")
 
@@ -236,11 +284,15 @@ def check_bench_options(devices: int, shape: dict, csv_file, plot_file, json_to)
 @click.option("--remeasure", is_flag=True, help="Re-measure the peaks instead of using the cache.")
 @click.option("--no-check", is_flag=True, help="Skip the correctness gate before timing.")
 @click.option("--devices", type=int, default=1, show_default=True, help="Spread shapes over this many local GPUs.")
+@click.option("--graph", is_flag=True,
+              help="Also time each kernel as a server runs it: one launch per layer on L layers' caches (L x KV "
+                   ">= 4x the L2), captured in one CUDA graph at prefix length 1 and replayed at the real lengths "
+                   "(the first replay checked); the per-launch time goes beside the direct one.")
 @json_option("The full results")
 @click.option("--csv", "csv_file", type=click.Path(dir_okay=False), help="Write one line per (shape, impl) to FILE.csv.")
 @click.option("--plot", "plot_file", type=click.Path(dir_okay=False), help="FILE.png: % of roofline vs prefix per budget.")
 @click.pass_context
-def bench(ctx, kernels, baselines, sets, suite, peaks_only, remeasure, no_check, devices, json_to, csv_file,
+def bench(ctx, kernels, baselines, sets, suite, peaks_only, remeasure, no_check, devices, graph, json_to, csv_file,
           plot_file, **shape):
     """Time kernels against the GPU's roofline and torch baselines (`kdtr bench compare A B` to diff runs)."""
     if ctx.invoked_subcommand:
@@ -260,7 +312,7 @@ def bench(ctx, kernels, baselines, sets, suite, peaks_only, remeasure, no_check,
     if peaks_only:
         emit(peaks, json_to, render_peaks)
         return
-    data = bench_run(specs, list(kernels), names, peaks, not no_check, devices, progress=json_to != STDOUT)
+    data = bench_run(specs, list(kernels), names, peaks, not no_check, devices, progress=json_to != STDOUT, graph=graph)
     emit(data, json_to, render_bench)
     if csv_file:
         write_csv(csv_file, data)
