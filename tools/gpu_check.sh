@@ -11,7 +11,11 @@
 #             the tests pass them only where every line it names is one of those hand-offs)
 #   long      generate the long suite (CPU reference), verify naive, flash, flash-sm90 on it
 #   forced    ci verify (--repeat 3) of each forced plan branch in FORCED below (kernel-spec suffixes)
+#   graph     `kdtr verify --graph` (captured at P = 0, 1, 1024, replayed at each case) of the three kernels and the
+#             work-table plan on the ci and graph suites, and of each kernel's baked-lengths bug (must FAIL)
 #   bench     peaks, then the compute and memory sets against torch eager: bench.json / .csv / .png under $OUT
+#   serving   the compute and memory sets for flash and flash-sm90 with --graph (each launch cold and as L layers
+#             replayed from one graph captured at P = 1): serving.json under $OUT
 #   compile   `kdtr compile` of the shipped builds for every arch, then of every planted-bug build (what CI compiles)
 #
 # Under $OUT (default out/gpu): summary.txt, logs.tgz (every log and JSON report, refreshed after each stage, so a
@@ -31,7 +35,7 @@ FORCED=(  # the plan branches `forced` verifies, a kernel spec each (keys: kdtr/
 )
 KERNELS=(naive flash flash-sm90)
 ARCHS=sm_80,sm_86,sm_89,sm_90,sm_90a,sm_120  # compile: portable kernels for each, flash-sm90 for sm_90a alone
-MODES="check sanitize long forced bench compile"
+MODES="check sanitize long forced graph bench serving compile"
 
 for mode in "${@:-check}"; do  # every mode checked before any work
   [[ " $MODES " == *" $mode "* ]] || { echo "gpu_check.sh: unknown mode '$mode'; use one or more of: $MODES" >&2; exit 2; }
@@ -87,6 +91,19 @@ for mode in "${@:-check}"; do
       ;;
     forced)
       for spec in "${FORCED[@]}"; do verify "forced_$(label "$spec")" 60 "$spec" ci --repeat 3; done
+      ;;
+    graph)
+      for k in "${KERNELS[@]}" "flash-sm90[segments=1]"; do
+        verify "graph_$(label "$k")" 120 "$k" ci graph --graph --repeat 2
+      done
+      for k in "${KERNELS[@]}"; do  # exit 1 expected: every one must FAIL (the summary shows it)
+        verify "graph_bug_$(label "$k")" 60 "$k-bug=baked-lengths" ci --graph
+      done
+      ;;
+    serving)
+      stage serving_compute 300 $KDTR bench -k flash -k flash-sm90 --baselines none --set compute --graph --json "$LOGS/serving_compute.json"
+      stage serving_memory 200 $KDTR bench -k flash -k flash-sm90 --baselines none --set memory --graph --json "$LOGS/serving_memory.json"
+      stage serving_files 30 python3 tools/summary.py --merge "$OUT/serving.json" "$LOGS"/serving_*.json
       ;;
     bench)
       stage bench_peaks 45 $KDTR bench --peaks --remeasure
