@@ -6,7 +6,8 @@
 - ``@pytest.mark.sanitizer``: compute-sanitizer (a CUDA toolkit, or ``pip install 'kdtr[sanitizer]'``).
 
 Fixtures: ``kdtr`` runs the command line in this process (stdout and stderr apart); ``small_dir``
-is a folder of three small bundles (two bf16 cases emulate-flash takes, one fp32 it SKIPs).
+is a folder of three small bundles (two bf16 cases emulate-flash takes, one fp32 it SKIPs); ``hopper_only``
+skips a test parametrised with ``name="flash-sm90"`` off sm_90.
 
 tests/ is on sys.path (this file's folder), so tests and their child processes import
 ``kernels_for_tests``.
@@ -68,6 +69,17 @@ def _invoke(*args, **kw):
     from kdtr.cli import main
 
     return CliRunner().invoke(main, [str(a) for a in args], **kw)
+
+
+@pytest.fixture
+def hopper_only(request):
+    """Skips a test parametrised with name="flash-sm90" off sm_90 (its Caps would SKIP every case there)."""
+    name = request.node.callspec.params.get("name") if hasattr(request.node, "callspec") else None
+    if name == "flash-sm90":
+        from kdtr.kernels.launch import device_arch
+
+        if device_arch() != "sm_90":
+            pytest.skip(f"flash-sm90 needs an sm_90 GPU; this one is {device_arch()}")
 
 
 @pytest.fixture

@@ -14,21 +14,12 @@ from kdtr.check.compare import Status
 from kdtr.check.suite import run_verify
 from kdtr.golden.store import find_bundles
 from kdtr.kernels.bugs import GRAPH_ONLY, Bug
-from kdtr.kernels.launch import device_arch
 from kdtr.kernels.registry import resolve_kernel, variant_name
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("hopper_only")]
 KERNELS = ("naive", "flash", "flash-sm90")
 ROOT = Path(__file__).resolve().parents[2]
 CALLABLES = Path(__file__).resolve().parent / "graph_kernels.py"
-
-
-@pytest.fixture(autouse=True)
-def _hopper_only(request):
-    """flash-sm90 runs on sm_90 alone (its Caps SKIP every case elsewhere)."""
-    name = request.node.callspec.params.get("name") if hasattr(request.node, "callspec") else None
-    if name == "flash-sm90" and device_arch() != "sm_90":
-        pytest.skip(f"flash-sm90 needs an sm_90 GPU; this one is {device_arch()}")
 
 
 @pytest.fixture(scope="module")

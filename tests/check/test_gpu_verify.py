@@ -14,16 +14,8 @@ from kdtr.kernels.launch import device_arch
 from kdtr.golden.store import find_bundles
 from kdtr.check.suite import run_verify
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("hopper_only")]
 KERNELS = ("naive", "flash", "flash-sm90")
-
-
-@pytest.fixture(autouse=True)
-def _hopper_only(request):
-    """flash-sm90 runs on sm_90 alone (its Caps SKIP every case elsewhere)."""
-    name = request.node.callspec.params.get("name") if hasattr(request.node, "callspec") else None
-    if name == "flash-sm90" and device_arch() != "sm_90":
-        pytest.skip(f"flash-sm90 needs an sm_90 GPU; this one is {device_arch()}")
 
 
 @pytest.fixture(scope="module")
