@@ -25,7 +25,6 @@ with the reason):
 
 from __future__ import annotations
 
-import inspect
 import math
 
 import numpy as np
@@ -165,13 +164,6 @@ def _write_lengths(layers: list, problem) -> None:
     cupy_module().cuda.runtime.deviceSynchronize()
 
 
-def _launcher(impl, layer, workspace):
-    """impl's launcher on ``layer``, with the shared workspace where its prepare takes one (else its own)."""
-    if "workspace" in inspect.signature(impl.prepare).parameters:
-        return impl.prepare(layer, workspace=workspace)
-    return impl.prepare(layer)
-
-
 def _time_one(impl, cell, layers, refs, real, dummy, roofline_ms: float, flush_bytes: int, time_kw, check: bool) -> None:
     """Capture impl's L launches at the dummy lengths, check the first replay at the real ones, time replays."""
     from kdtr.bench.timing import time_launcher
@@ -183,7 +175,7 @@ def _time_one(impl, cell, layers, refs, real, dummy, roofline_ms: float, flush_b
     _write_lengths(layers, dummy)
     ws_bytes = int(impl.steps(layers[0])[1])
     workspace = cp.zeros(ws_bytes, cp.uint8) if ws_bytes else None
-    launchers = [_launcher(impl, layer, workspace) for layer in layers]
+    launchers = [impl.prepare(layer, workspace=workspace) for layer in layers]  # one workspace, as a server
     cp.cuda.runtime.deviceSynchronize()  # tables and workspace written before the capture begins
 
     def step():
