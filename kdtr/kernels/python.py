@@ -50,9 +50,9 @@ from kdtr.adapters.sglang import MAX_BITPACKED_T, to_sglang
 from kdtr.errors import KernelSpecError
 from kdtr.kernels.caps import Caps
 from kdtr.kernels.contract import POISON_BF16_BITS, POISON_F32_BITS
-from kdtr.kernels.emulate import INPUTS, HostBuffers, HostGraphRun, MockGraph
+from kdtr.kernels.emulate import HostBuffers, HostGraphRun, MockGraph
 from kdtr.kernels.launch import DeviceProblem, capture, cupy_module, synchronize
-from kdtr.kernels.launch_types import CaptureError, KernelRuntimeError, RunOutput, storage_bits, to_f32
+from kdtr.kernels.launch_types import INPUTS, CaptureError, KernelRuntimeError, RunOutput, storage_bits, to_f32
 
 PY_SPEC = re.compile(r"(?:(?P<file>[^:]+\.py)|(?P<module>[A-Za-z_][\w.]*)):(?P<attr>[A-Za-z_][\w.]*)")
 """A kernel spec naming a Python callable: ``package.module:fn`` or ``path/to/file.py:fn``."""
@@ -279,9 +279,9 @@ class CallableGraphRun:
                 ms = float(start.elapsed_time(stop))
             else:
                 start, stop = cp.cuda.Event(), cp.cuda.Event()
-                start.record(self.graph.stream)
-                self.graph.replay()
-                stop.record(self.graph.stream)
+                start.record()
+                self.graph.replay()  # on the current stream (kdtr.kernels.launch.CudaGraph)
+                stop.record()
                 synchronize(cp, self.name)
                 ms = float(cp.cuda.get_elapsed_time(start, stop))
         except KernelRuntimeError:
