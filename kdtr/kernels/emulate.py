@@ -44,7 +44,7 @@ import numpy as np
 from kdtr.kernels import bugs
 from kdtr.kernels.bugs import Bug
 from kdtr.kernels.contract import POISON_BF16_BITS, POISON_F32_BITS
-from kdtr.kernels.launch_types import RunOutput
+from kdtr.kernels.launch_types import INPUTS, RunOutput, check_upload
 from kdtr.inputs.presets import DK, DV
 from kdtr.inputs.problem import Problem
 from kdtr.inputs.trees import unpack_mask
@@ -218,10 +218,6 @@ def emulate_flash(
 
 # ---- graph capture without a GPU (kdtr verify --graph) -----------------------------------------------
 
-INPUTS = ("q", "kv_cache", "block_table", "prefix_lens", "tree_mask")
-"""The buffers a server writes before every replay: what ``HostBuffers.upload`` copies in place."""
-
-
 class HostBuffers:
     """A problem's inputs and outputs in host arrays that stay put, as kdtr.kernels.launch.DeviceProblem keeps
     them on a GPU: a mock-captured launch holds these arrays and reads whatever they contain when replayed.
@@ -243,11 +239,7 @@ class HostBuffers:
         """Write ``problem``'s inputs into these arrays in place; ValueError, naming the first, where a shape or
         dtype differs (a captured launch takes inputs of its own shapes only). out and lse stay as they are."""
         problem.validate()
-        for name in INPUTS:
-            have, new = getattr(self, name), getattr(problem, name)
-            if have.shape != new.shape or have.dtype != new.dtype:
-                raise ValueError(f"{name}: the buffers hold {list(have.shape)} {have.dtype}, the problem "
-                                 f"{list(new.shape)} {new.dtype}; a captured launch takes inputs of its own shapes only")
+        check_upload({name: getattr(self, name) for name in INPUTS}, {name: getattr(problem, name) for name in INPUTS})
         for name in INPUTS:
             np.copyto(getattr(self, name), getattr(problem, name))
         self.problem = problem

@@ -17,8 +17,8 @@ from kdtr.kernels import contract as abi, nvrtc
 from kdtr.kernels.bugs import Bug, kernel_bug
 from kdtr.kernels.contract import POISON_BF16_BITS, POISON_F32_BITS
 from kdtr.kernels.launch_types import (  # re-exported: kdtr.kernels.launch stays the one import for callers
-    CTYPES, DEFAULT_LAUNCH, CaptureError, KernelRuntimeError, Launch, RunOutput, Step, bf16_bits_to_f32,
-    storage_bits, launch_from_constants,
+    CTYPES, DEFAULT_LAUNCH, INPUTS, CaptureError, KernelRuntimeError, Launch, RunOutput, Step, bf16_bits_to_f32,
+    check_upload, storage_bits, launch_from_constants,
 )
 
 _STATIC_SMEM_LIMIT = 48 * 1024
@@ -118,11 +118,7 @@ class DeviceProblem:
                 "block_table": np.ascontiguousarray(problem.block_table, np.int32),
                 "prefix_lens": np.ascontiguousarray(problem.prefix_lens, np.int32),
                 "tree_mask": np.ascontiguousarray(problem.tree_mask, np.uint32)}
-        for name, a in host.items():
-            dev = getattr(self, name)
-            if dev.shape != a.shape or dev.dtype != a.dtype:
-                raise ValueError(f"{name}: the buffers hold {list(dev.shape)} {dev.dtype}, the problem "
-                                 f"{list(a.shape)} {a.dtype}; a captured launch takes inputs of its own shapes only")
+        check_upload({name: getattr(self, name) for name in INPUTS}, host)
         for name, a in host.items():
             getattr(self, name).set(a)
         self.problem = problem

@@ -62,6 +62,22 @@ class Step:
     """Device buffers the arguments point into (e.g. the plan's split table): the launcher holds them."""
 
 
+INPUTS = ("q", "kv_cache", "block_table", "prefix_lens", "tree_mask")
+"""The input buffers a server writes before every replay of a captured launch (DeviceProblem.upload, and its host
+twin kdtr.kernels.emulate.HostBuffers.upload)."""
+
+
+def check_upload(have: dict, new: dict) -> None:
+    """ValueError, naming the first, where an input of ``new`` differs in shape or dtype from the buffer of
+    ``have`` it is to be written into (name -> array, for each of INPUTS): a captured launch takes inputs of
+    its own shapes only."""
+    for name in INPUTS:
+        a, b = have[name], new[name]
+        if a.shape != b.shape or a.dtype != b.dtype:
+            raise ValueError(f"{name}: the buffers hold {list(a.shape)} {a.dtype}, the problem "
+                             f"{list(b.shape)} {b.dtype}; a captured launch takes inputs of its own shapes only")
+
+
 def launch_from_constants(problem, consts) -> Launch:
     """The user-kernel contract of kdtr_abi.h: grid (ceil(T*H / rows_per_block), B, num_splits)."""
     rows_per_block, threads, smem, splits = (int(x) for x in consts)
