@@ -2,8 +2,9 @@
 inside functions too, so that a stray import anywhere fails here rather than on a machine without
 the package or as a cycle at run time.
 
-- Stages import one way: inputs <- adapters <- kernels <- golden <- check <- bench <- cli. A module may import
-  its own stage and the stages before it, never one after; nothing imports the CLI.
+- Stages import one way: inputs <- adapters <- kernels <- serving <- golden <- check <- bench <- cli. A module may
+  import its own stage and the stages before it, never one after; nothing imports the CLI. (serving, a server's
+  launch of the kernels on torch tensors, needs only the stages before it.)
 - No import cycle between modules.
 - Only kdtr/kernels/launch.py imports cupy, only kdtr/cli/report.py imports rich, only kdtr/cli/
   imports click: the pure-numpy stages import and test without a GPU or a terminal library.
@@ -18,7 +19,7 @@ import pytest
 
 KDTR = Path(__file__).resolve().parent.parent / "kdtr"
 
-STAGES = ("inputs", "adapters", "kernels", "golden", "check", "bench", "cli")
+STAGES = ("inputs", "adapters", "kernels", "serving", "golden", "check", "bench", "cli")
 """kdtr's stage folders, in import order: each may import the ones before it."""
 BASE = {"kdtr.errors", "kdtr.version"}
 """Root modules every stage may import (they import nothing of kdtr)."""

@@ -5,6 +5,9 @@ without a custom kernel runs). torch-sdpa: scaled_dot_product_attention with a b
 torch-flex: FlexAttention with a tree mask_mod (compiled; it may refuse Dk = 576). The paged
 cache is gathered inside the timed region, as a server would have to. Each baseline reads the
 same device buffers as the CUDA kernels (DLPack views of kdtr.launch.DeviceProblem).
+
+sglang-triton: SGLang's own triton kernel with its custom mask, where sglang is installed (kdtr[sglang]);
+SKIPPED with the reason where it is not.
 """
 
 from __future__ import annotations
@@ -131,11 +134,77 @@ class TorchBaseline:
         return RunOutput(out, None, 0.0)
 
 
+class SglangTritonBaseline:
+    """SGLang's own tree verify: its triton extend_attention_fwd with a custom mask (kdtr/adapters/sglang_triton.py),
+    on SGLang's target-verify tensors made from the bench's buffers by kdtr.adapters.sglang, once, outside the
+    timed region. SKIPPED, with the reason, where sglang's kernel does not load."""
+
+    name = "sglang-triton"
+    writes_lse = False
+    caps = CAPS
+
+    @property
+    def untimed(self) -> str | None:
+        """Why there is nothing to time here (sglang missing, or its kernel file not loadable), or None."""
+        from kdtr.adapters import sglang_triton
+
+        why = sglang_triton.unavailable_reason()
+        return f"{self.name}: {why}" if why else None
+
+    def prepare(self, dp, workspace=None):
+        import torch
+
+        from kdtr.adapters.sglang import to_sglang
+        from kdtr.adapters.sglang_triton import extend_attention
+        from kdtr.kernels.python import SGLANG_ARGS
+
+        pr = dp.download_inputs()
+        batch = to_sglang(pr)
+        dev = {}
+        for k in SGLANG_ARGS:
+            a = getattr(batch, k)
+            if k in ("v_buffer", "v_extend"):
+                continue
+            t = torch.from_numpy(np.ascontiguousarray(a).view(np.int16) if a.dtype.name == "bfloat16" else np.ascontiguousarray(a))
+            dev[k] = t.to("cuda").view(torch.bfloat16) if a.dtype.name == "bfloat16" else t.to("cuda")
+        dev["v_buffer"], dev["v_extend"] = dev["k_buffer"][..., :DV], dev["k_extend"][..., :DV]  # views, as SGLang's
+        args = [dev[k] for k in SGLANG_ARGS]
+        out = torch.empty(pr.B * pr.T, pr.H, DV, dtype=torch.float32 if dp.out_dtype == "fp32" else torch.bfloat16,
+                          device="cuda")
+        scale, out_dtype = float(pr.scale), dp.out_dtype
+
+        def go():
+            extend_attention(*args, scale=scale, out_dtype=out_dtype, out=out)
+
+        go.out, go.args = out, args
+        return go
+
+    def run(self, problem, out_dtype: str):
+        from kdtr.kernels.launch import DeviceProblem
+
+        return self.run_on(DeviceProblem(problem, out_dtype))
+
+    def run_on(self, dp):
+        import torch
+
+        from kdtr.kernels.launch import RunOutput
+
+        go = self.prepare(dp)
+        go()
+        torch.cuda.synchronize()
+        pr = dp.problem
+        return RunOutput(go.out.float().cpu().numpy().reshape(pr.B, pr.T, pr.H, DV), None, 0.0)
+
+
 BASELINES = ("eager", "sdpa", "flex")
+OTHER_BASELINES = ("sglang-triton",)
+"""Baselines that are not torch code: SGLang's own kernel."""
 
 
-def baseline(name: str) -> TorchBaseline:
+def baseline(name: str):
+    if name == "sglang-triton":
+        return SglangTritonBaseline()
     impl = name.removeprefix("torch-")
     if impl not in BASELINES:
-        raise ValueError(f"unknown baseline {name!r}; known: {', '.join('torch-' + b for b in BASELINES)}")
+        raise ValueError(f"unknown baseline {name!r}; known: {', '.join(['torch-' + b for b in BASELINES] + list(OTHER_BASELINES))}")
     return TorchBaseline(impl)

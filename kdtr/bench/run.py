@@ -146,7 +146,7 @@ def bench_shape(spec: CaseSpec, impls: list, peaks: dict, seed: int = 0, check: 
     base_ms = None
     for impl in impls:
         cell = Cell(impl.name, "ok")
-        why = impl.caps.why_not(layout, spec.out_dtype)
+        why = impl.caps.why_not(layout, spec.out_dtype) or getattr(impl, "untimed", None)
         if why:
             cell.status = f"skipped: {why}"
             row.cells.append(cell)

@@ -269,7 +269,8 @@ def check_bench_options(devices: int, shape: dict, csv_file, plot_file, json_to)
               help="Kernel(s) to time: built-in name, file.cu:symbol, module:fn or file.py:fn (repeatable); "
                    "flash-sm90 is skipped off sm_90.")
 @click.option("--baselines", default="eager,sdpa,flex", show_default=True,
-              help="Torch baselines side by side (comma list of eager, sdpa, flex; 'none' for none).")
+              help="Baselines side by side (comma list of eager, sdpa, flex, sglang-triton: SGLang's own kernel, "
+                   "where sglang is installed; 'none' for none).")
 @click.option("--set", "sets", multiple=True, help="Named shape set(s): compute, memory.")
 @click.option("--suite", default=None, help="Time the cases of a suite (smoke, ci, long).")
 @click.option("--model", default=None, help="Grid: models, e.g. deepseek-v3,kimi-k2.")

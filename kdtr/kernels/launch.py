@@ -218,6 +218,36 @@ def load_function(source_path, name_expression: str, arch: str | None = None, op
     return Loaded(module.get_function(compiled.lowered[name_expression]), module, compiled, consts, dependent)
 
 
+def load_source(source_text: str, name_expression: str, name: str, arch: str | None = None) -> Loaded:
+    """load_function for a kernel whose source kdtr holds as text (a helper kernel, e.g. kdtr/kernels/serving.py's
+    block-table gather): compiled through kdtr's NVRTC and its cubin cache, loaded once per build."""
+    cp = cupy_module()
+    compiled = nvrtc.compile_cuda(source_text, [name_expression], arch or device_arch(), name=name)
+    if compiled.key not in _MODULES:
+        if compiled.path is not None:
+            _MODULES[compiled.key] = cp.RawModule(path=str(compiled.path))
+        else:  # cache not writable: a private copy
+            import tempfile
+
+            fd, tmp = tempfile.mkstemp(suffix=".cubin")
+            with open(fd, "wb") as f:
+                f.write(compiled.cubin)
+            _MODULES[compiled.key] = cp.RawModule(path=tmp)
+    module = _MODULES[compiled.key]
+    return Loaded(module.get_function(compiled.lowered[name_expression]), module, compiled, DEFAULT_LAUNCH)
+
+
+def external_stream(ptr: int):
+    """A cupy stream object for a CUDA stream kdtr does not own (a server's, e.g. torch's current stream's
+    ``cuda_stream``): launches given it enqueue there. One object per address."""
+    if ptr not in _STREAMS:
+        _STREAMS[ptr] = cupy_module().cuda.ExternalStream(ptr)
+    return _STREAMS[ptr]
+
+
+_STREAMS: dict[int, object] = {}
+
+
 def read_global_ints(module, name: str, n: int) -> tuple[int, ...]:
     """The first n ints of an ``extern "C"`` __device__ / __constant__ array of a loaded module."""
     cp = cupy_module()
@@ -442,5 +472,6 @@ class CudaKernel:
 __all__ = [
     "CTYPES", "CaptureError", "CudaGraph", "CudaKernel", "GraphRun", "capture", "capture_kernel", "DeviceProblem", "GpuUnavailable", "KernelRuntimeError", "Launch", "Loaded",
     "RunOutput", "Step", "device_arch", "device_info", "gpu_available", "gpu_unavailable_reason",
-    "device_ints", "launch_from_constants", "launch_kernels", "make_launcher", "load_function", "read_global_ints",
+    "device_ints", "external_stream", "launch_from_constants", "launch_kernels", "make_launcher", "load_function",
+    "load_source", "read_global_ints",
 ]

@@ -25,6 +25,12 @@ slots; k_extend [B*T, 1, 576] / v_extend the tree nodes' latents (also in the po
 [B+1] int32; custom_mask and mask_indptr as SglangBatch documents them (torch: a bit-packed mask as
 int32). out is [B*T, H, 512], lse [B*T, H]; kdtr reshapes them to [B, T, H, ...].
 
+Timing (``kdtr bench -k module:fn``): ``prepare`` converts the bench's device problem into the callable's
+inputs once (cupy arrays, torch tensors sharing them, or SGLang's tensors through kdtr.adapters.sglang),
+outside the timed region, and returns a launcher that only calls ``fn``: so a callable is timed like a
+built-in kernel, by CUDA events around its launches (whatever it allocates per call is its own cost). A CPU
+callable is not timed (SKIPPED with the reason).
+
 CUDA graphs (``kdtr verify --graph``): a GPU callable is called once on device buffers holding the
 capture problem, then captured calling them again (cupy: kdtr.kernels.launch.capture; torch:
 torch.cuda.graph after a side-stream warm-up); the arrays it returns there are the graph's outputs, and
@@ -173,6 +179,39 @@ class PyCallableKernel:
         stop.record()
         synchronize(cp, self.name)
         return RunOutput(*self._outputs(res, problem), float(cp.cuda.get_elapsed_time(start, stop)))
+
+    @property
+    def untimed(self) -> str | None:
+        """Why ``kdtr bench`` cannot time this callable (a skip reason), or None: a CPU callable has no device time."""
+        if self.device == "cpu":
+            return "a CPU callable (kdtr_device 'cpu') has no device time to measure; bench times GPU callables"
+        return None
+
+    def prepare(self, dp, workspace=None):
+        """A zero-argument launcher that only calls the callable, as ``kdtr bench`` times the built-in kernels
+        (the module docstring, "Timing"): its inputs are made here, once, from ``dp`` (a DeviceProblem's buffers
+        on a GPU, a kdtr.kernels.emulate.HostBuffers' arrays for a CPU callable), outside the timed region.
+        ``workspace`` is ignored (a callable owns its scratch)."""
+        out_dtype, problem = dp.out_dtype, dp.problem
+        if self.layout != "kdtr" and hasattr(dp, "download_inputs"):  # SGLang's tensors are made of the values dp holds
+            problem = dp.download_inputs()
+        if self.device == "cpu":
+            args = [getattr(dp, name) for name in INPUTS] if self.layout == "kdtr" else self._host_args(problem)
+        else:
+            cp = cupy_module()
+            raw = ([getattr(dp, name) for name in INPUTS] if self.layout == "kdtr"
+                   else self._device_args(cp, problem, out_dtype))
+            args = self._framework_args(cp, raw, problem)
+        kw = {"scale": float(problem.scale), "out_dtype": out_dtype}
+        if self.layout == "kdtr":
+            kw["page_size"] = problem.page_size
+        fn = self.fn
+
+        def go():
+            return fn(*args, **kw)
+
+        go.args = args  # the converted inputs live as long as the launcher
+        return go
 
     def graph(self, problem, out_dtype: str):
         """The callable prepared and captured on buffers holding ``problem`` (kdtr verify --graph; module
