@@ -19,7 +19,8 @@ import numpy as np
 
 from kdtr.golden.bundle import Bundle
 from kdtr.check.compare import Check, Status, compare, worst_status
-from kdtr.golden.tolerances import resolve
+from kdtr.golden.reference import score_bounds
+from kdtr.golden.tolerances import conditioning, resolve
 
 @dataclass
 class CaptureResult:
@@ -139,9 +140,11 @@ def judge(kernel, bundle: Bundle, got, overrides: dict | None = None) -> list[Ch
     if kernel.writes_lse:
         outputs.append(("lse", got.lse, bundle.lse))
     checks = []
+    cond = conditioning(bundle.conditioning, *score_bounds(bundle.problem))  # recorded max |s|, capped by the data
     for name, have, want in outputs:
-        tol = resolve(bundle.kv_dtype, bundle.out_dtype, name, bundle.tolerances, (overrides or {}).get(name))
-        chk = compare(have, want, tol, name, depth=bundle.problem.tree_depth)
+        tol = resolve(bundle.kv_dtype, bundle.out_dtype, name, bundle.tolerances, (overrides or {}).get(name), cond)
+        dtype = bundle.out_dtype if name == "out" else "fp32"
+        chk = compare(have, want, tol, name, depth=bundle.problem.tree_depth, out_dtype=dtype)
         if have is None and (fix := getattr(kernel, "missing_output_fix", None)):  # a callable returned less
             chk.message = f"{chk.message}: {fix(name)}"
         checks.append(chk)

@@ -1,7 +1,9 @@
 """Comparing a kernel's output with the reference (SPEC section 4).
 
 Order of checks, as FlashMLA does it: shape, unwritten (poison) elements, NaN/Inf positions,
-then element-wise atol/rtol and the global relative-norm and cosine bounds. The worst element
+then element-wise atol/rtol and the global relative-norm and cosine bounds, then (bf16 outputs) the
+rounding bias: the mean signed error in bf16 ulps, which no element bound sees (truncation instead of
+round-to-nearest costs half an ulp everywhere, inside every element's bound). The worst element
 is named as (b, node, head, dim) and errors are broken down per tree node, per depth, per request
 and per head, so a mask bug shows up as whole nodes failing and a batch- or head-indexing bug as
 every request (head) but the first failing.
@@ -14,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from kdtr.golden.tolerances import Tol
+from kdtr.golden.tolerances import BIAS_MAX, BIAS_MIN_COUNT, Tol
 from kdtr.kernels.contract import POISON_BF16_BITS, POISON_F32_BITS
 
 
@@ -93,6 +95,14 @@ class Check:
     """Heads (over every request and node) holding a failing element."""
     head_ratio: list[float] = field(default_factory=list)
     """[H] worst ratio per head."""
+    ulp_bias: float | None = None
+    """bf16 outputs: mean of (got - want) * sign(want) / ulp_bf16(want), each term clipped to +-1 ulp, over
+    finite normal want: ~0 for round-to-nearest, ~-0.45 for truncation toward zero; |.| > BIAS_MAX fails.
+    None where not judged (fp32 output, or fewer than BIAS_MIN_COUNT elements)."""
+    ulp_drift: float | None = None
+    """Like ulp_bias without the sign orientation: rounding toward -inf or +inf shows here (~-+0.5)."""
+    bias_count: int = 0
+    """Elements the bias figures are over."""
     where: str = ""
     """Which request, head, node and depth groups hold failing elements, one line ("" when none)."""
     message: str = ""
@@ -114,8 +124,10 @@ class Check:
         return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
 
 
-def compare(got: np.ndarray, want: np.ndarray, tol: Tol, output: str = "out", depth: np.ndarray | None = None) -> Check:
-    """Compare got (float32 or float64) with want (float64 reference); depth: [B, T] node depths."""
+def compare(got: np.ndarray, want: np.ndarray, tol: Tol, output: str = "out", depth: np.ndarray | None = None,
+            out_dtype: str | None = None) -> Check:
+    """Compare got (float32 or float64) with want (float64 reference); depth: [B, T] node depths;
+    out_dtype "bf16" adds the rounding-bias check (got holds bf16 values)."""
     if got is None or got.shape != want.shape:
         shape = None if got is None else list(got.shape)
         return Check(output, Status.SHAPE, tol, message=f"{output}: shape {shape}, expected {list(want.shape)}")
@@ -153,7 +165,39 @@ def compare(got: np.ndarray, want: np.ndarray, tol: Tol, output: str = "out", de
     elif chk.cos < tol.min_cos:
         chk.status = Status.FAIL_NUMERIC
         chk.message = f"cosine {chk.cos:.8f} < {tol.min_cos}"
+    if out_dtype == "bf16":
+        chk.ulp_bias, chk.ulp_drift, chk.bias_count = rounding_bias(g, want)
+        worst = max((b for b in (chk.ulp_bias, chk.ulp_drift) if b is not None), key=abs, default=0.0)
+        if chk.status is Status.PASS and abs(worst) > BIAS_MAX:
+            way = ("toward zero" if worst < 0 else "away from zero") if worst == chk.ulp_bias else \
+                  ("toward -inf" if worst < 0 else "toward +inf")
+            chk.status = Status.FAIL_NUMERIC
+            chk.message = (f"rounding bias: mean error {worst:+.2f} bf16 ulp {way} over {chk.bias_count} elements "
+                           f"(|bias| > {BIAS_MAX}: not round-to-nearest, e.g. truncation)")
     return chk
+
+
+BF16_MIN_NORMAL = 2.0**-126
+"""Smallest normal bf16 (as fp32): below, the ulp stops scaling with the value."""
+
+
+def rounding_bias(got: np.ndarray, want: np.ndarray) -> tuple[float | None, float | None, int]:
+    """(ulp_bias, ulp_drift, count) of a bf16 output (Check's fields): the mean signed error in units of
+    the bf16 ulp at want, oriented by sign(want) and not, each element clipped to +-1 ulp so that
+    elements whose error is computational noise of many ulps (small |want| beside large ones) add zero-
+    mean terms instead of swamping the half-ulp of a rounding mode. Only finite elements with |want| at
+    least the smallest normal count (0 and subnormals have no relative ulp); NaN/Inf positions were
+    judged before. (None, None, n) where n < BIAS_MIN_COUNT."""
+    w = np.asarray(want, dtype=np.float64)
+    g = np.asarray(got, dtype=np.float64)
+    sel = np.isfinite(w) & np.isfinite(g) & (np.abs(w) >= BF16_MIN_NORMAL)
+    n = int(sel.sum())
+    if n < BIAS_MIN_COUNT:
+        return None, None, n
+    w, g = w[sel], g[sel]
+    _, e = np.frexp(w)  # |w| = m 2^e, 0.5 <= m < 1: the bf16 ulp (8 significant bits) is 2^(e - 8)
+    err = np.clip((g - w) / np.ldexp(1.0, e - 8), -1.0, 1.0)
+    return float((err * np.sign(w)).mean()), float(err.mean()), n
 
 
 def _locate(chk: Check, score: np.ndarray, got: np.ndarray, want: np.ndarray, depth: np.ndarray | None) -> None:

@@ -19,7 +19,8 @@ import click
 from kdtr.cli.options import EXIT_FAIL, EXIT_OK, STDOUT, at_least, check_output, emit, json_option
 from kdtr.errors import InputError
 
-SHARE_KINDS = {"elem": "|err| / (atol + rtol |ref|)", "norm": "relative norm / its bound", "cos": "(1 - cos) / (1 - min cos)"}
+SHARE_KINDS = {"elem": "|err| / (atol + rtol |ref|)", "norm": "relative norm / its bound", "cos": "(1 - cos) / (1 - min cos)",
+               "bias": "|mean rounding error in bf16 ulps| / its bound"}
 """The bounds a case's figure may come from (kdtr.check.compare), as the caption explains them."""
 JUDGED = ("PASS", "FAIL_NUMERIC")
 """Statuses whose outputs were compared with the reference (the others carry no figure)."""
@@ -58,6 +59,11 @@ def share(check: dict) -> tuple[float, str] | None:
     tol = check["tol"]
     parts = {"elem": check["ratio"], "norm": _over(check["rel_norm"], tol["rel_norm"]),
              "cos": _over(max(0.0, 1.0 - check["cos"]), 1.0 - tol["min_cos"])}
+    biases = [abs(b) for b in (check.get("ulp_bias"), check.get("ulp_drift")) if b is not None]
+    if biases:
+        from kdtr.golden.tolerances import BIAS_MAX
+
+        parts["bias"] = max(biases) / BIAS_MAX
     parts = {k: 0.0 if math.isnan(v) else v for k, v in parts.items()}  # 0/0: exact where the bound is 0
     kind = max(parts, key=parts.get)
     return parts[kind], kind
@@ -130,7 +136,8 @@ def render_verify(d: dict, wide: bool = False) -> None:
                      "bundle of the same buffers, then replayed on it)")
     notes.append("err/tol: the share of a tolerance used, above 1 fails"
                  + (" (" + "; ".join(f"{k}: {v}" for k, v in SHARE_KINDS.items()) + ")" if wide else
-                    ", from the element-wise bound (elem), the relative norm (norm) or the cosine (cos)"))
+                    ", from the element-wise bound (elem), the relative norm (norm), the cosine (cos) or the rounding "
+                    "bias (bias)"))
     label = (lambda n: n) if wide else short_label
     if wide:
         _wide_table(report, d, title, "; ".join(notes))
@@ -162,15 +169,17 @@ def _wide_table(report, d: dict, title: str, caption: str) -> None:
         if out and out["status"] in JUDGED:
             tol = out["tol"]
             parts = {"elem": out["ratio"], "norm": _over(out["rel_norm"], tol["rel_norm"]),
-                     "cos": _over(max(0.0, 1 - out["cos"]), 1 - tol["min_cos"]), "max": out["max_abs"]}
+                     "cos": _over(max(0.0, 1 - out["cos"]), 1 - tol["min_cos"]), "max": out["max_abs"],
+                     "bias": out.get("ulp_bias")}
         ls = share(lse) if lse else None
         p = f"{s.get('P_min')}" if s.get("P_min") == s.get("P_max") else f"{s.get('P_min')}..{s.get('P_max')}"
         graph = [captured(r), report.fmt(min((c["ms"] for c in r["captures"] if c.get("ms") is not None), default=None))
                  ] if d.get("graph") else []
         rows.append((report.escape(r["case"]), f"{s.get('B')}x{s.get('T')}x{s.get('H')}", p, s.get("tree", ""),
-                     f"{s.get('kv')}/{s.get('out')}", *(report.fmt(parts.get(k)) for k in ("elem", "norm", "cos", "max")),
+                     f"{s.get('kv')}/{s.get('out')}", *(report.fmt(parts.get(k)) for k in ("elem", "norm", "cos", "max", "bias")),
                      _figure(ls[0]) if ls else "-", report.fmt(r.get("ms")), *graph, report.status_text(r["status"])))
-    cols = ["case", "BxTxH", "P", "tree", "kv/out", "out elem", "out norm", "out cos", "out max|err|", "lse err/tol",
+    cols = ["case", "BxTxH", "P", "tree", "kv/out", "out elem", "out norm", "out cos", "out max|err|", "out bias ulp",
+            "lse err/tol",
             "ms", *(["graph", "replay ms"] if d.get("graph") else []), "status"]
     report.table(title, cols, rows, right=cols[5:-1], caption=caption, wide=True)
 

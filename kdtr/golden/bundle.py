@@ -80,6 +80,11 @@ class Bundle:
         return self.meta["tolerances"]
 
     @property
+    def conditioning(self) -> dict | None:
+        """{"max_abs_score": x} as recorded at generation (validated on load), or None in older bundles."""
+        return self.meta.get("conditioning")
+
+    @property
     def tree_family(self) -> str:
         return self.meta["tree"]["family"]
 

@@ -234,6 +234,8 @@ def _check_meta(meta: dict) -> None:
             raise Invalid(f"metadata {key} must be {what}, got {meta[key]!r}")
     if why := tolerances.recorded_problem(meta["tolerances"]):
         raise Invalid(f"metadata tolerances {why}")
+    if why := tolerances.recorded_conditioning_problem(meta.get("conditioning")):  # optional: older bundles lack it
+        raise Invalid(f"metadata conditioning {why}")
 
 
 def read_checked_header(f) -> tuple[dict, dict, int]:

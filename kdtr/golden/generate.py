@@ -42,7 +42,7 @@ from kdtr.golden import tolerances
 from kdtr.golden.atomic import atomic_write_bytes, publish, remove_stale_temps, temp_path
 from kdtr.golden.bundle import Bundle, BundleError, file_sha256, load_bundle, read_meta, save_bundle
 from kdtr.inputs.cases import CaseSpec, build_problem, draft_logp
-from kdtr.golden.reference import reference
+from kdtr.golden.reference import reference_with_score
 from kdtr.golden.resources import check_fits
 
 MANIFEST = "MANIFEST.json"
@@ -81,7 +81,7 @@ def build_bundle(spec: CaseSpec, keep_exact: bool = False) -> Bundle:
     far below every tolerance); lse stays float64. keep_exact leaves out in float64.
     """
     prob, tlist = build_problem(spec)
-    out, lse = reference(prob)  # [B, T, H, 512], [B, T, H] float64
+    out, lse, smax = reference_with_score(prob)  # [B, T, H, 512], [B, T, H] float64, max |s| over visible pairs
     if not keep_exact:
         out = out.astype(np.float32)
     meta = {
@@ -91,6 +91,7 @@ def build_bundle(spec: CaseSpec, keep_exact: bool = False) -> Bundle:
         "seed": spec.seed,
         "model": spec.model,
         "tolerances": tolerances.for_bundle_meta(spec.kv_dtype, spec.out_dtype),
+        "conditioning": {"max_abs_score": tolerances.record_score(smax)},
         "generator": GENERATOR,
         "spec": spec.to_json(),
     }
@@ -319,7 +320,7 @@ def differences(old: Bundle, new: Bundle) -> list[str]:
         rel = repro_error(a, b) if a.shape == b.shape else np.inf
         if rel > REPRO_RTOL:
             problems.append(f"output {name} differs by {rel:.3g} relative (> {REPRO_RTOL:g})")
-    for key in ("case", "tolerances", "tree", "out_dtype", "spec"):
+    for key in ("case", "tolerances", "conditioning", "tree", "out_dtype", "spec"):
         if old.meta.get(key) != json.loads(json.dumps(new.meta.get(key))):
             problems.append(f"metadata '{key}' differs from what this generator writes")
     return problems

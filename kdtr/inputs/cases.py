@@ -54,6 +54,10 @@ class CaseSpec:
     """Tokens per request the block table holds (max_pages = ceil(capacity / page_size), and the cache has
     B * max_pages + 1 pages), so that cases of different lengths share buffer shapes, as a server's
     captured buffers do (kdtr verify --graph). None: as many pages as the longest request needs."""
+    values: str = "normal"
+    """Value distribution of q and the cache (presets.VALUE_KINDS). "normal": unit-variance values, scaled
+    scores within about +-17. "hard" (HardValues): outlier RoPE channels, sink keys, per-request and
+    per-head scales and offsets, so scores pass +-100 and every request and head differs visibly."""
     tags: tuple[str, ...] = field(default=(), compare=False)
     """What the case covers (for listings); not part of its identity."""
 
@@ -65,6 +69,8 @@ class CaseSpec:
             raise ValueError(f"dtypes must be among {presets.DTYPES}")
         if self.family not in presets.TREE_FAMILIES:
             raise ValueError(f"unknown tree family {self.family!r}; known: {', '.join(presets.TREE_FAMILIES)}")
+        if self.values not in presets.VALUE_KINDS:
+            raise ValueError(f"unknown values {self.values!r}; known: {', '.join(presets.VALUE_KINDS)}")
         if self.profile not in presets.DDTREE_PROFILES:
             raise ValueError(f"unknown profile {self.profile!r}; known: {', '.join(presets.DDTREE_PROFILES)}")
         if not self.prefix_lens or min(self.prefix_lens) < 0:
@@ -107,7 +113,8 @@ class CaseSpec:
         dt = self.kv_dtype if self.out_dtype == self.kv_dtype else f"{self.kv_dtype}o{self.out_dtype}"
         scale = "" if self.scale is None else f"-sc{self.scale:g}"
         cap = "" if self.capacity is None else f"-cap{_size(self.capacity)}"
-        return f"{short}-h{self.heads}-p{plist}-{tree}-pg{self.page_size}{cap}-{dt}{scale}-s{self.seed}"
+        vals = "" if self.values == "normal" else f"-{self.values}"
+        return f"{short}-h{self.heads}-p{plist}-{tree}-pg{self.page_size}{cap}-{dt}{scale}{vals}-s{self.seed}"
 
     @property
     def max_pages(self) -> int:
@@ -126,6 +133,8 @@ class CaseSpec:
         d = asdict(self)
         if self.capacity is None:  # absent, not null: bundles made before the field keep their bytes
             del d["capacity"]
+        if self.values == "normal":  # absent at its default, for the same reason
+            del d["values"]
         d["prefix_lens"] = list(self.prefix_lens)
         d["tags"] = list(self.tags)
         return d
@@ -196,7 +205,13 @@ def build_problem(spec: CaseSpec, values: bool = True) -> tuple[Problem, list[tr
     key = spec.name
 
     shape_q = (B, T, H, DK)
-    q = Stream(spec.seed, key, "q").normalish(shape_q, dtype=dt) if values else np.zeros(shape_q, dt)  # [B, T, H, 576]
+    hard = HardValues(spec) if values and spec.values == "hard" else None
+    if not values:
+        q = np.zeros(shape_q, dt)
+    elif hard is not None:
+        q = hard.q(dt)  # [B, T, H, 576]
+    else:
+        q = Stream(spec.seed, key, "q").normalish(shape_q, dtype=dt)  # [B, T, H, 576]
 
     n_tok = [p + T for p in spec.prefix_lens]
     n_pages = [-(-n // pg) for n in n_tok]
@@ -213,7 +228,12 @@ def build_problem(spec: CaseSpec, values: bool = True) -> tuple[Problem, list[tr
         nxt += n_pages[b]
         table[b, : n_pages[b]] = pages
         flat = kv[pages].reshape(n_pages[b] * pg, DK)  # NaN; its first P_b + T rows get values
-        flat[: n_tok[b]] = Stream(spec.seed, key, "kv", b).normalish((n_tok[b], DK), dtype=dt) if values else 0
+        if not values:
+            flat[: n_tok[b]] = 0
+        elif hard is not None:
+            flat[: n_tok[b]] = hard.kv(b, dt)
+        else:
+            flat[: n_tok[b]] = Stream(spec.seed, key, "kv", b).normalish((n_tok[b], DK), dtype=dt)
         kv[pages] = flat.reshape(n_pages[b], pg, DK)
 
     prob = Problem(
@@ -228,6 +248,90 @@ def build_problem(spec: CaseSpec, values: bool = True) -> tuple[Problem, list[tr
     )
     prob.validate()
     return prob, tlist
+
+
+HARD_CHANNELS = 4
+"""RoPE columns that carry outliers in "hard" values (the same columns in q and k, as trained models'
+massive activations sit in a few fixed channels)."""
+HARD_K = 16.0
+"""Outlier magnitude in the keys' outlier columns (a power of two: exact in bf16)."""
+HARD_TARGET = (40.0, 130.0)
+"""Range of the scaled score a (request, head)'s queries give a sink key; head b % H of request b gets
+the top, so every request has rows whose scores pass fp32 exp's overflow at 88.7."""
+HARD_SINKS = 3
+"""Prefix keys per request that are sinks (key 0 and random others); the root's own key is one too."""
+HARD_ANTI = 2
+"""Prefix keys per request aligned against the queries (scores near -target)."""
+HARD_SPREAD = 0.9
+"""Other prefix keys' outlier values: uniform in +-HARD_SPREAD * HARD_K (scores spread over +-0.9 target)."""
+HARD_TAIL = 0.9
+"""Tree keys' outlier values: uniform in [HARD_TAIL, 1] * HARD_K, so the nodes' own latents tie nearly with
+the sinks and a wrong mask still moves the output."""
+HARD_OFFSET = (0.25, 0.75)
+"""|offset| added to every latent (value) column of a request's cache rows, sign random per request."""
+
+
+class HardValues:
+    """The "hard" value distribution of a case, from the seed alone (Streams named after the case).
+
+    Why: unit-variance values keep every scaled score within about +-17, so a softmax without the running
+    max, or fp32 bounds that ignore the score magnitude, go unnoticed. Here a few RoPE columns carry
+    outliers of fixed sign in q and of matching sign in a few sink keys (key 0, two random prefix keys, the
+    root's key, which every node sees), so scores reach about +-140 with near-ties among the sinks and the
+    tree's own keys (within 10 % of a sink); the other prefix keys spread over +-0.9 of that. Each (request,
+    head) has its own query scale and sink score and each request its own value offset, so a kernel that
+    reads request 0's or head 0's data for all fails on every other one. The value columns (0:512) keep unit
+    variance plus the offset, so out keeps its scale. Only basic IEEE operations on Stream values (correctly
+    rounded on every machine): the same bytes everywhere.
+    """
+
+    def __init__(self, spec: CaseSpec):
+        self.spec, self.key = spec, spec.name
+        B, H = spec.B, spec.H
+        st = Stream(spec.seed, self.key, "hard", "setup")
+        self.cols = DV + np.sort(st.permutation(DK - DV)[:HARD_CHANNELS])  # outlier columns in 512:576
+        self.sign = np.where(st.uniform(HARD_CHANNELS) < 0.5, -1.0, 1.0)  # [C] preferred sign per column
+        lo, hi = HARD_TARGET
+        target = lo + (hi - lo) * st.uniform((B, H))  # [B, H] sink score per (request, head)
+        target[np.arange(B), np.arange(B) % H] = hi
+        self.q_amp = target / (spec.model_scale * HARD_CHANNELS * HARD_K)  # [B, H] q outlier magnitude
+        self.q_gain = 0.5 + st.uniform((B, H))  # [B, H] scale of q's other columns
+        self.offset = (HARD_OFFSET[0] + (HARD_OFFSET[1] - HARD_OFFSET[0]) * st.uniform(B)) * np.where(
+            st.uniform(B) < 0.5, -1.0, 1.0)  # [B] value offset per request
+
+    def q(self, dt) -> np.ndarray:
+        """[B, T, H, 576] queries in dtype dt."""
+        s = self.spec
+        shape = (s.B, s.T, s.H, DK)
+        q = Stream(s.seed, self.key, "q").normalish(shape) * self.q_gain[:, None, :, None]
+        jitter = 0.9 + 0.2 * Stream(s.seed, self.key, "hard", "q").uniform((s.B, s.T, s.H, HARD_CHANNELS))
+        q[..., self.cols] = self.sign * self.q_amp[:, None, :, None] * jitter
+        return _cast(q, dt)
+
+    def kv(self, b: int, dt) -> np.ndarray:
+        """[P_b + T, 576] cache rows of request b in dtype dt (tokens in order)."""
+        s = self.spec
+        P, n = s.prefix_lens[b], s.prefix_lens[b] + s.T
+        x = Stream(s.seed, self.key, "kv", b).normalish((n, DK))
+        x[:, :DV] += self.offset[b]
+        st = Stream(s.seed, self.key, "hard", "kv", b)
+        w = HARD_SPREAD * (2.0 * st.uniform((n, HARD_CHANNELS)) - 1.0)  # [n, C]
+        if P > 0:
+            pick = 1 + st.permutation(P - 1)  # prefix keys other than key 0, in random order
+            w[0] = 1.0
+            w[pick[: HARD_SINKS - 1]] = 1.0
+            w[pick[HARD_SINKS - 1 : HARD_SINKS - 1 + HARD_ANTI]] = -1.0
+        w[P:] = HARD_TAIL + (1.0 - HARD_TAIL) * (0.5 + w[P:] / (2.0 * HARD_SPREAD))  # uniform in [HARD_TAIL, 1]
+        w[P] = 1.0  # the root's own key: seen by every node of the tree
+        x[:, self.cols] = self.sign * HARD_K * w
+        return _cast(x, dt)
+
+
+def _cast(x: np.ndarray, dt) -> np.ndarray:
+    """float64 -> dt with IEEE round-to-nearest-even (bf16 via fp32, as Stream.normalish does)."""
+    if np.dtype(dt).itemsize < 4:
+        x = x.astype(np.float32)
+    return x.astype(dt)
 
 
 def draft_logp(tlist: list[trees.Tree]) -> np.ndarray | None:

@@ -65,7 +65,10 @@ BENCH_GRIDS = {
 }
 """Bench shape sets: DeepSeek TP8 trees (compute-bound) and Kimi TP8 short trees (memory-bound)."""
 TREE_FAMILIES = ("ddtree", "chain", "star", "root", "json")
-DDTREE_PROFILES = ("confident", "uncertain", "mixed")
+DDTREE_PROFILES = ("confident", "uncertain", "mixed", "bushy")
+"""Drafter profiles (kdtr.inputs.trees.synth_logp); "bushy": flat marginals, wide first levels."""
+VALUE_KINDS = ("normal", "hard")
+"""Value distributions of q and the cache (kdtr.inputs.cases.CaseSpec.values)."""
 
 _NP_DTYPES = {"fp32": np.dtype(np.float32), "bf16": np.dtype(ml_dtypes.bfloat16), "fp64": np.dtype(np.float64)}
 

@@ -1,6 +1,6 @@
 """Named suites of cases, built from the preset table.
 
-smoke: seconds, for the demo. ci: committed under goldens/ci, covers every edge (budgets,
+smoke: seconds, for the demo. ci: committed under goldens/ci, covers every edge (budgets, value distributions,
 prefix edges, mixed batches, page sizes, dtypes, tree families) within a small byte budget;
 heads are cut where T is large so that float64 outputs stay small. long: real serving sizes
 (prefixes up to 128k, all heads of a TP8 GPU), generated on demand and never committed.
@@ -66,6 +66,19 @@ def ci() -> list[CaseSpec]:
         # row transposed; the kernel spec flash-sm90[xr=0] forces its 64-row build)
         _c("decode,edges,mixed-batch,pg64", model=KIMI, heads=H_KIMI, prefix_lens=(0, 1, 33, 64, 65, 300), family="root"),
         _c("ddtree,b3,mixed-batch", model=KIMI, heads=2, prefix_lens=(31, 130), budget=3, profile="uncertain"),
+        # "hard" values (scores to +-145: outlier channels, sink keys, near-ties; every request and head
+        # scaled and offset differently), T at the 32-bit mask-word edges (31, 32, 33, 64), bushy trees
+        _c("hard,ddtree,b31,T32,bushy,mixed-batch", model=DSV3, heads=2, prefix_lens=(70, 5), budget=31,
+           profile="bushy", values="hard"),
+        _c("hard,ddtree,b32,T33,mixed-batch", model=KIMI, heads=2, prefix_lens=(0, 129), budget=32, values="hard"),
+        _c("hard,ddtree,b63,T64,bushy,bf16-in-fp32-out", model=DSV3, heads=1, prefix_lens=(33, 60), budget=63,
+           profile="bushy", values="hard", out_dtype="fp32"),
+        _c("hard,ddtree,b30,T31", model=DSV3, heads=1, prefix_lens=(1, 65), budget=30, profile="confident",
+           values="hard"),
+        _c("hard,ddtree,b16,bushy,fp32,pg1", model=KIMI, heads=2, prefix_lens=(1, 90), budget=16, profile="bushy",
+           page_size=1, kv_dtype="fp32", out_dtype="fp32", values="hard"),
+        _c("hard,decode,heads,mixed-batch,pg1", model=DSV3, heads=H_DSV3, prefix_lens=(0, 1, 64, 300), family="root",
+           page_size=1, values="hard"),
     ]
 
 

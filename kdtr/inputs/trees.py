@@ -28,6 +28,9 @@ CONFIDENT_AB = (4.0, 0.55)
 """Kumaraswamy(a, b) of a confident round's top-1 probability (stand-in for Beta(4, 0.55))."""
 UNCERTAIN_TOP1 = (0.3, 0.6)
 """Uniform range of an uncertain round's top-1 probability."""
+BUSHY_TOP1 = (0.06, 0.2)
+"""Uniform range of a bushy round's top-1 probability: a drafter unsure from the first token, so
+a dozen depth-1 alternatives outscore any two-token path and the first levels are wide."""
 MIXED_CONFIDENT = 0.7
 """Probability that a "mixed" round is a confident one."""
 QUANTUM = 2.0**20
@@ -223,7 +226,7 @@ def synth_logp(seed: int, round_index: int, budget: int, profile: str, L: int = 
         a, b = CONFIDENT_AB
         p1 = (1.0 - (1.0 - u) ** (1.0 / b)) ** (1.0 / a)  # Kumaraswamy inverse CDF
     else:
-        lo, hi = UNCERTAIN_TOP1
+        lo, hi = BUSHY_TOP1 if kind == "bushy" else UNCERTAIN_TOP1
         p1 = lo + (hi - lo) * u
     zipf = np.arange(2, K + 1, dtype=np.float64) ** -ZIPF_S / _zipf_norm()  # [K-1]
     p = np.concatenate([p1[:, None], (1.0 - p1)[:, None] * zipf[None, :]], axis=1)[:, :K]  # [L, K]

@@ -49,7 +49,8 @@ def test_correct_emulation_passes_graph_on_ci_and_the_graph_suite(ci_paths, grap
     rep = run_verify(resolve_kernel("emulate-flash"), ci_paths + graph_paths, graph=True)
     assert not rep.failed and rep.graph and rep.to_json()["graph"] is True, _describe(rep)
     taken = [r for r in rep.results if r.status is not Status.SKIPPED]
-    assert len(taken) == 22 and all(r.shape["kv"] == "fp32" for r in rep.results if r not in taken)
+    bf16 = [r for r in rep.results if r.shape["kv"] == "bf16"]  # emulate-flash takes bf16 storage only
+    assert taken == bf16 and len(taken) >= len(ci_paths) // 2 + len(graph_paths), _describe(rep)
     for r in taken:
         assert r.status is Status.PASS and len(r.captures) >= 2, (r.case, r.captures)
         assert all(c.status is Status.PASS and {x.output for x in c.checks} == {"out", "lse"} for c in r.captures)
@@ -67,7 +68,7 @@ def test_baked_lengths_passes_plain_verify_and_fails_graph_on_every_ci_case(ci_p
     rep = run_verify(kernel, ci_paths, graph=True)
     taken = [r for r in rep.results if r.status is not Status.SKIPPED]
     failed = [r for r in taken if r.status.failed]
-    assert rep.failed and len(failed) == len(taken) == 12, _describe(rep)
+    assert rep.failed and failed == taken and len(taken) >= len(ci_paths) // 2, _describe(rep)
     for r in failed:
         assert r.status in (Status.FAIL_NUMERIC, Status.NAN), (r.case, r.status, r.message)
         assert all(c.status is Status.PASS for c in r.checks)  # the direct run is right

@@ -491,6 +491,13 @@ def test_inconsistent_tensors(tmp_path, name, make, problem):
     (lambda m: m.update(tolerances={"outt": {}}), "tolerances name an unknown output 'outt'"),
     (lambda m: m.update(tolerances={"out": {"abs": 1}}), "tolerances out.abs is not a tolerance"),
     (lambda m: m.update(tolerances={"out": 1e-3}), "tolerances out must be a JSON object"),
+    (lambda m: m.update(conditioning={"max_abs_score": float("inf")}), "conditioning max_abs_score must be a finite"),
+    (lambda m: m.update(conditioning={"max_abs_score": float("nan")}), "conditioning max_abs_score must be a finite"),
+    (lambda m: m.update(conditioning={"max_abs_score": -1.0}), "conditioning max_abs_score must be a finite number >= 0"),
+    (lambda m: m.update(conditioning={"max_abs_score": "9"}), "conditioning max_abs_score must be a finite"),
+    (lambda m: m.update(conditioning={"max_abs_score": True}), "conditioning max_abs_score must be a finite"),
+    (lambda m: m.update(conditioning={"max_abs_score": 9.0, "v": 1}), "conditioning must be a JSON object with max_abs"),
+    (lambda m: m.update(conditioning=[9.0]), "conditioning must be a JSON object with max_abs_score alone"),
     (lambda m: m.update(seed="7"), "seed must be an integer"),
     (lambda m: m.pop("spec"), "metadata lacks spec"),
 ])

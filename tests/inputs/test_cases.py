@@ -7,7 +7,7 @@ import pytest
 
 from kdtr.inputs import suites
 from kdtr.inputs.cases import CaseSpec, build_problem
-from kdtr.inputs.presets import BUDGETS, DK, PAGE_SIZES, prefix_edges
+from kdtr.inputs.presets import BUDGETS, DDTREE_PROFILES, DK, DV, PAGE_SIZES, prefix_edges
 
 
 def test_layout_is_paged_shuffled_and_nan_elsewhere():
@@ -66,12 +66,16 @@ def test_ci_suite_covers_every_edge():
     assert {s.family for s in ci} >= {"ddtree", "chain", "star", "root", "json"}
     assert {s.page_size for s in ci} == set(PAGE_SIZES)
     assert {(s.kv_dtype, s.out_dtype) for s in ci} == {("fp32", "fp32"), ("bf16", "bf16"), ("bf16", "fp32"), ("fp32", "bf16")}
-    assert {s.profile for s in ci if s.family == "ddtree"} == {"confident", "uncertain", "mixed"}
+    assert {s.profile for s in ci if s.family == "ddtree"} == set(DDTREE_PROFILES)
+    assert {31, 32, 33, 64} <= {s.T for s in ci}, "T at and around the 32-bit mask-word edges"
+    assert {s.budget for s in ci if s.profile == "bushy"} >= {16, 31, 63}, "bushy trees at budgets 16-64"
+    assert {(s.kv_dtype, s.out_dtype) for s in ci if s.values == "hard"} == {("fp32", "fp32"), ("bf16", "bf16"),
+                                                                             ("bf16", "fp32")}
     prefixes = {p for s in ci for p in s.prefix_lens}
     assert set(prefix_edges(64)) <= prefixes
     assert any(len(set(s.prefix_lens)) > 1 for s in ci), "no mixed-length batch"
     assert any(s.H == 16 and s.T > 1 for s in ci), "no full TP8 DeepSeek head count on a tree"
-    assert sum(s.nbytes_estimate() for s in ci) < 25e6
+    assert sum(s.nbytes_estimate() for s in ci) < 29.5e6
 
 
 @pytest.mark.parametrize("bad", [
@@ -118,3 +122,73 @@ def test_no_capacity_keeps_the_tight_layout_and_the_json_of_older_bundles():
     assert p.block_table.shape == (3, 8) and p.kv_cache.shape[0] == 2 + 5 + 8 + 1
     with pytest.raises(ValueError, match="capacity 100 is below"):
         CaseSpec(prefix_lens=(90,), budget=16, capacity=100)
+
+
+# ---------------------------------------------------------------- "hard" values
+
+
+def _scores(p, b):
+    """[T, H, P_b + T] scaled scores of request b in float64, NaN where not visible."""
+    from kdtr.inputs.trees import unpack_mask
+
+    P = int(p.prefix_lens[b])
+    s = np.einsum("thd,jd->thj", p.q[b].astype(np.float64) * p.scale, p.gather_kv(b, 0, P + p.T))
+    vis = np.ones((p.T, P + p.T), dtype=bool)
+    vis[:, P:] = unpack_mask(p.tree_mask[b], p.T)
+    return np.where(vis[:, None, :], s, np.nan)
+
+
+@pytest.mark.parametrize("spec", [s for s in suites.ci() if s.values == "hard"], ids=lambda s: s.name)
+def test_hard_ci_cases_reach_scores_past_100_with_near_ties(spec):
+    p, _ = build_problem(spec)
+    for b in range(p.B):
+        s = _scores(p, b)
+        assert np.nanmax(s) >= 100, (b, np.nanmax(s))  # past fp32 exp's overflow at 88.7
+        if p.prefix_lens[b] >= 3:  # anti-aligned prefix keys
+            assert np.nanmin(s) <= -100, (b, np.nanmin(s))
+        if s.shape[2] >= 8:
+            top = -np.sort(-np.nan_to_num(s, nan=-np.inf), axis=2)[..., :2]  # [T, H, 2]
+            assert np.median(top[..., 0] - top[..., 1]) < 5, "the largest scores should nearly tie"
+            for h in range(1, p.H):  # a kernel that reads head 0's query for every head is far off
+                assert np.nanmean(np.abs(s[:, h] - s[:, 0])) > 2
+
+
+def test_hard_values_differ_per_request_and_head_and_keep_the_value_scale():
+    spec = CaseSpec(model="kimi-k2", heads=4, prefix_lens=(100, 100, 100), budget=8, values="hard")
+    p, _ = build_problem(spec)
+    v_means = [p.gather_kv(b, 0, 100)[:, :DV].mean() for b in range(p.B)]
+    assert min(abs(a - b) for i, a in enumerate(v_means) for b in v_means[i + 1:]) > 0.05, v_means
+    assert all(0.2 < abs(m) < 0.8 for m in v_means)  # the per-request offset
+    q_rms = np.sqrt((p.q[..., :DV].astype(np.float64) ** 2).mean(axis=(1, 3)))  # [B, H]
+    assert np.ptp(q_rms) > 0.2 and len(np.unique(np.round(q_rms, 3))) == q_rms.size
+    v = np.concatenate([p.gather_kv(b, 0, 108)[:, :DV] for b in range(p.B)])
+    assert np.abs(v).max() < 2 * np.sqrt(3) + 0.8, "the value columns keep unit variance plus the offset"
+    normal, _ = build_problem(CaseSpec(model="kimi-k2", heads=4, prefix_lens=(100, 100, 100), budget=8))
+    assert np.nanmax(np.abs(_scores(normal, 0))) < 20
+
+
+def test_values_is_recorded_named_and_absent_at_its_default():
+    hard = CaseSpec(prefix_lens=(5,), budget=4, heads=1, values="hard")
+    assert hard.name == "dsv3-h1-p5-ddtree4m-pg64-bf16-hard-s0" and hard.to_json()["values"] == "hard"
+    assert CaseSpec.from_json(hard.to_json()) == hard
+    normal = CaseSpec(prefix_lens=(5,), budget=4, heads=1)
+    assert "values" not in normal.to_json() and "hard" not in normal.name
+    assert CaseSpec.from_json(normal.to_json()).values == "normal"
+    with pytest.raises(ValueError, match="unknown values"):
+        CaseSpec(values="spiky")
+
+
+def test_hard_inputs_are_deterministic_and_pinned():
+    spec = CaseSpec(prefix_lens=(3, 70), budget=4, heads=2, page_size=4, values="hard")
+    a, _ = build_problem(spec)
+    b, _ = build_problem(spec)
+    h = hashlib.sha256()
+    for x, y in ((a.q, b.q), (a.kv_cache, b.kv_cache)):
+        assert x.tobytes() == y.tobytes()
+        h.update(np.ascontiguousarray(x).tobytes())
+    assert h.hexdigest() == PINNED_HARD
+    c, _ = build_problem(CaseSpec(prefix_lens=(3, 70), budget=4, heads=2, page_size=4, values="hard", seed=1))
+    assert a.q.tobytes() != c.q.tobytes()
+
+
+PINNED_HARD = "226241af531b6472df974d47e3ebbf688c0bfe3ce65b51d6d0a0adc91d9839a9"

@@ -385,3 +385,19 @@ def test_package_references_name_files_inside_the_package(tmp_path):
     for bad in ("kdtr:../README.md", "kdtr:/etc/passwd", "kdtr:"):
         with pytest.raises(tr.TreeError, match="inside the kdtr package"):
             tr.load_json(bad)
+
+
+@pytest.mark.parametrize("budget", [16, 31, 48, 63, 64])
+def test_bushy_trees_have_wide_first_levels(budget):
+    """The "bushy" profile: a drafter unsure from the first token, so DDTree spends most of the budget on
+    depth-1 alternatives (the ci trees of the other profiles are chains plus a branch at budget 16)."""
+    for r in range(4):
+        t = tr.make_tree("ddtree", budget=budget, seed=r, round_index=r, profile="bushy")
+        hist = tr.depth_histogram(t.depth)
+        assert hist[1] >= budget // 2 and max(hist) >= 2, hist
+        assert tr.leaf_count(t.parent) >= budget // 2
+        tr.check_tree(t.parent, t.depth, t.mask_words())
+        p1 = np.exp(t.draft_logp[:, 0])
+        assert np.all((p1 > tr.BUSHY_TOP1[0] - 1e-5) & (p1 < tr.BUSHY_TOP1[1] + 1e-5))
+    chainy = tr.make_tree("ddtree", budget=16, round_index=0, profile="confident")
+    assert tr.depth_histogram(chainy.depth)[1] <= 2
