@@ -154,7 +154,7 @@ __global__ void __launch_bounds__(flash::Tile<MT>::NTHREADS, 1) kdtr_flash_verif
   const int nsplit = kdtr::request_splits(sched, P);  // this request's splits, from its length (graph-safe)
   if (split >= nsplit) return;  // a grid for the capacity: a shorter request needs fewer
   const __nv_bfloat16* kv = static_cast<const __nv_bfloat16*>(p.kv_cache);
-  const unsigned* mask_b = p.tree_mask + (long long)b * T * W;
+  const unsigned* mask_b = p.tree_mask + (long long)(BUG == KDTR_BUG_MASK_REQUEST0 ? 0 : b) * T * W;
 
   // ---- this CTA's keys: prefix range [kp_lo, kp_hi) of its split, plus the tail if last ----
   const kdtr::SplitKeys keys = kdtr::split_keys<BN, BUG>(P, T, split, nsplit);
@@ -165,7 +165,7 @@ __global__ void __launch_bounds__(flash::Tile<MT>::NTHREADS, 1) kdtr_flash_verif
   if (tid < LIVE_WORDS) live[tid] = 0;
   __syncthreads();
   if (has_tail)
-    kdtr::for_each_tail_word<NTHREADS, BUG>(mask_b, r0, min(R, r0 + BM), H, W, tid, [&](unsigned word, int w) {
+    kdtr::for_each_tail_word<NTHREADS, BUG>(p, b, mask_b, r0, min(R, r0 + BM), H, W, tid, [&](unsigned word, int w) {
       if (word & 0xFFFFu) atomicOr(&live[(2 * w) >> 5], 1u << ((2 * w) & 31));
       if (word >> 16) atomicOr(&live[(2 * w + 1) >> 5], 1u << ((2 * w + 1) & 31));
     });
@@ -191,8 +191,12 @@ __global__ void __launch_bounds__(flash::Tile<MT>::NTHREADS, 1) kdtr_flash_verif
     const bool valid = j < (i < n_pre ? kp_hi : P + T);  // keys past the range are zero-filled
     const __nv_bfloat16* src = kv;
     if (valid) {
-      const int page_index = min((BUG == KDTR_BUG_PAGE_OFF_BY_ONE ? j + 1 : j) / p.page_size, p.max_pages - 1);
-      src = kv + kdtr::kv_row_offset(p, b, page_index, j % p.page_size);
+      const int jt = kdtr::planted_token<BUG>(j, P);  // j but for planted bugs
+      const int page_index = min((BUG == KDTR_BUG_PAGE_OFF_BY_ONE ? jt + 1 : jt) / p.page_size, p.max_pages - 1);
+      if constexpr (BUG == KDTR_BUG_BLOCK_TABLE_STRIDE)
+        src = kv + kdtr::kv_page_row(p, p.block_table[kdtr::block_table_row<BUG>(p, b, P) + page_index], jt % p.page_size);
+      else
+        src = kv + kdtr::kv_row_offset(p, b, page_index, jt % p.page_size);
     }
     const unsigned dst = smem_addr(smem + S::kv + stage * STAGE_BYTES + key * ROW_BYTES);
     for (int ch = tid % TPK; ch < CHUNKS; ch += TPK) cp_async16(dst + ch * 16, valid ? src + ch * 8 : kv, valid);
@@ -204,13 +208,14 @@ __global__ void __launch_bounds__(flash::Tile<MT>::NTHREADS, 1) kdtr_flash_verif
   {
     const __nv_bfloat16* qb = static_cast<const __nv_bfloat16*>(p.q) + (long long)b * R * KDTR_DK;
     const int ra = r0 + rg * 16 + g, rb = ra + 8;
+    const int qa = kdtr::planted_q_row<BUG>(ra, T, H), qb8 = kdtr::planted_q_row<BUG>(rb, T, H);  // q rows read
 #pragma unroll
     for (int ks = 0; ks < KSTEPS_G; ++ks) {
       const int k = (kg * KSTEPS_G + ks) * 16 + 2 * tq;
-      qf[ks][0] = ra < R ? ld_u32(qb + (long long)ra * KDTR_DK + k) : 0u;
-      qf[ks][1] = rb < R ? ld_u32(qb + (long long)rb * KDTR_DK + k) : 0u;
-      qf[ks][2] = ra < R ? ld_u32(qb + (long long)ra * KDTR_DK + k + 8) : 0u;
-      qf[ks][3] = rb < R ? ld_u32(qb + (long long)rb * KDTR_DK + k + 8) : 0u;
+      qf[ks][0] = ra < R ? ld_u32(qb + (long long)qa * KDTR_DK + k) : 0u;
+      qf[ks][1] = rb < R ? ld_u32(qb + (long long)qb8 * KDTR_DK + k) : 0u;
+      qf[ks][2] = ra < R ? ld_u32(qb + (long long)qa * KDTR_DK + k + 8) : 0u;
+      qf[ks][3] = rb < R ? ld_u32(qb + (long long)qb8 * KDTR_DK + k + 8) : 0u;
     }
   }
 
@@ -220,7 +225,10 @@ __global__ void __launch_bounds__(flash::Tile<MT>::NTHREADS, 1) kdtr_flash_verif
   const bool row_ok = srow < R;
   const int st = row_ok ? srow / H : 0;  // tree node of this row
   const unsigned* mrow = mask_b + (long long)st * W;
-  const float sc = p.scale * LOG2E * (BUG == KDTR_BUG_SCALE_OFF ? 1.01f : 1.0f);
+  auto mask_word = [&](int w) {  // word w of this row's mask as the kernel reads it (planted bugs)
+    return kdtr::MASK_ADDRESS_BUG<BUG> ? kdtr::tree_mask_word<BUG>(p, b, st, w) : kdtr::planted_mask_word<BUG>(mrow[w], st, w);
+  };
+  const float sc = p.scale * kdtr::PLANTED_LOG2E<BUG> * (BUG == KDTR_BUG_SCALE_OFF ? 1.01f : 1.0f);
   float m_run = kdtr::neg_inf(), l_run = 0.f;
 
   float acc[MT][NT_O][4];
@@ -300,12 +308,12 @@ __global__ void __launch_bounds__(flash::Tile<MT>::NTHREADS, 1) kdtr_flash_verif
           vis = key0 + sk + e < kp_hi;
         } else {
           const int c = key0 - P + sk + e;
-          vis = c < T && (((mrow[c >> 5] >> (c & 31)) & 1u) || (BUG == KDTR_BUG_SIBLING_VISIBLE && c == st - 1));
+          vis = c < T && (((mask_word(c >> 5) >> (c & 31)) & 1u) || (BUG == KDTR_BUG_SIBLING_VISIBLE && c == st - 1));
         }
         sv[e] = (vis && row_ok) ? sv[e] * sc : kdtr::neg_inf();
         mx = fmaxf(mx, sv[e]);
       }
-      const float m_new = fmaxf(m_run, kdtr::warp_max<TPR>(mx));
+      const float m_new = BUG == KDTR_BUG_NO_RUNNING_MAX ? 0.f : fmaxf(m_run, kdtr::warp_max<TPR>(mx));
       const float m_use = m_new == kdtr::neg_inf() ? 0.f : m_new;
       const float alpha = exp2f(m_run - m_use);
       float psum = 0.f;
@@ -351,7 +359,7 @@ __global__ void __launch_bounds__(flash::Tile<MT>::NTHREADS, 1) kdtr_flash_verif
 #pragma unroll
         for (int nt = 0; nt < NT_O; nt += 2) {
           unsigned vb[4];
-          ldsm_x4_trans(vb, smem_addr(stile + vkey * ROW_BYTES + (cb + (nt + (lane >> 4)) * 8) * 2));
+          ldsm_x4_trans(vb, smem_addr(stile + vkey * ROW_BYTES + (kdtr::V_COL0<BUG> + cb + (nt + (lane >> 4)) * 8) * 2));
 #pragma unroll
           for (int mg = 0; mg < MG; ++mg) {
             mma_bf16(acc[m0 + mg][nt], pa[mg], vb[0], vb[1]);
@@ -387,14 +395,15 @@ __global__ void __launch_bounds__(flash::Tile<MT>::NTHREADS, 1) kdtr_flash_verif
 #pragma unroll
       for (int nt = 0; nt < NT_O; ++nt) {
         const int col = cb + nt * 8 + 2 * tq;
-        const float o0 = acc[mt][nt][2 * half] * inv, o1 = acc[mt][nt][2 * half + 1] * inv;
+        const float o0 = kdtr::planted_store<BUG, OutT>(acc[mt][nt][2 * half] * inv),
+                    o1 = kdtr::planted_store<BUG, OutT>(acc[mt][nt][2 * half + 1] * inv);
         if (direct) store2<OutT>(static_cast<OutT*>(p.out) + orow + col, o0, o1);
         else store2<float>(static_cast<float*>(p.workspace) + orow + col, o0, o1);
       }
       if (warp == 0 && tq == 0) {
         // lse in natural log; the planted merge bug drops the max from the partials' lse
         const float lse2 = BUG == KDTR_BUG_MERGE_WRONG_MAX && !direct ? log2f(l) : m + log2f(l);
-        const float lse = l > 0.f ? lse2 * LN2 : kdtr::neg_inf();
+        const float lse = l > 0.f ? lse2 * kdtr::PLANTED_LN2<BUG> : kdtr::neg_inf();
         if (direct) p.lse[(long long)b * R + r] = lse;
         else ws_lse[((long long)b * stride + split) * R + r] = lse;
       }

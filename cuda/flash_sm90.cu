@@ -293,12 +293,12 @@ __device__ __forceinline__ float ex2(float x) {
 // orders in the kernel share: the row's running maximum after this tile (a quad's 4 threads hold the row) into m_new,
 // then P in place and its row sum into sum, in one fixed order (the same bits whichever order runs them). Macros, not
 // functions: as inline functions they changed ptxas's schedule of the shipped builds (cuobjdump), and that schedule
-// is the one timed.
+// is the one timed. The maximum reads the kernel's BUG (NO_RUNNING_MAX: 0).
 #define FLASH_SM90_ROW_HALF_MAX(s, h, m_run_h, sc, m_new)                                                      \
   float mx = kdtr::neg_inf();                                                                          \
   _Pragma("unroll") for (int j = 0; j < 4; j += 2) mx =                                                \
       fmaxf(mx, fmaxf(fmaxf(s[4 * j + 2 * h], s[4 * j + 2 * h + 1]), fmaxf(s[4 * j + 4 + 2 * h], s[4 * j + 5 + 2 * h]))); \
-  const float m_new = fmaxf(m_run_h, kdtr::warp_max<4>(mx * sc))
+  const float m_new = BUG == KDTR_BUG_NO_RUNNING_MAX ? 0.f : fmaxf(m_run_h, kdtr::warp_max<4>(mx * sc))
 #define FLASH_SM90_ROW_HALF_P(s, h, sc, m_use, sum)                                                           \
   float sum = 0.f;                                                                                     \
   _Pragma("unroll") for (int j = 0; j < 4; j += 2) {                                                   \
@@ -342,12 +342,13 @@ __device__ __forceinline__ void quad_transpose(unsigned (&e)[4], int tq) {
 // rows: qf[c / 2][2 (c % 2) + h]. Lane tq of a quad loads chunks 4 m + tq whole and the quad transposes
 // each 4 x 4 block: a quarter of the load instructions (and L1 wavefronts) of one 4-byte load per word,
 // which made Q's load ~3 200 cycles of a CTA's prologue. The two rows' loads
-// interleave (row-by-row order spilled in the planted no-rope variants).
+// interleave (row-by-row order spilled in the planted no-rope variants). T, H: the q row a planted bug reads.
+template <int BUG>
 __device__ __forceinline__ void load_q_fragments(unsigned (&qf)[QREG_KSTEPS][4], const __nv_bfloat16* qb, int row, int R,
-                                                 int tq) {
+                                                 int tq, int T, int H) {
   static_assert(QREG_KSTEPS == 32, "64 chunks of 16 bytes per row: 16 blocks of 4 per quad");
-  const uint4* src[2] = {reinterpret_cast<const uint4*>(qb + (long long)min(row, R - 1) * KDTR_DK),
-                         reinterpret_cast<const uint4*>(qb + (long long)min(row + 8, R - 1) * KDTR_DK)};
+  const uint4* src[2] = {reinterpret_cast<const uint4*>(qb + (long long)kdtr::planted_q_row<BUG>(min(row, R - 1), T, H) * KDTR_DK),
+                         reinterpret_cast<const uint4*>(qb + (long long)kdtr::planted_q_row<BUG>(min(row + 8, R - 1), T, H) * KDTR_DK)};
 #pragma unroll
   for (int m = 0; m < 16; ++m) {
 #pragma unroll
@@ -359,6 +360,20 @@ __device__ __forceinline__ void load_q_fragments(unsigned (&qf)[QREG_KSTEPS][4],
       for (int s = 0; s < 4; ++s) qf[(4 * m + s) >> 1][(((4 * m + s) & 1) << 1) | h] = e[s];
     }
   }
+}
+
+// Q_HEAD_MAJOR's Q_x (n_extra rows from xrow0), from rows h * T + t, over the producer's first copy once it and Q's
+// fragments are in (copied beside them it cost the ROWS_EXTRA build a spill); one more cp.async group.
+template <int BUG>
+__device__ __forceinline__ void copy_qx_head_major(unsigned qx, const __nv_bfloat16* qb, int n_extra, int xrow0, int R, int T,
+                                                   int H, int wtid) {
+  for (int idx = wtid; idx < XR_MAX * SLABS * 8; idx += 128) {
+    const int n = idx / (SLABS * 8), sl = (idx >> 3) % SLABS, j = idx & 7;
+    if (n < n_extra)
+      kdtr::cp_async16(qx + sl * 1024 + n * 128 + ((j ^ (n & 7)) * 16),
+                       qb + (long long)kdtr::planted_q_row<BUG>(min(xrow0 + n, R - 1), T, H) * KDTR_DK + sl * 64 + j * 8, true);
+  }
+  kdtr::cp_async_commit();
 }
 
 // D[64 x 32] (+)= A[64 x 16] (registers) * B[16 x 32] (shared, descriptor); TRANS_B: B is MN-major.
@@ -461,13 +476,13 @@ __device__ __forceinline__ void st_shared_u16(unsigned addr, unsigned short v) {
 // of its rows see. N threads (t = 0 .. N - 1, `sync` their barrier) scan the words; thread `leader`
 // lists them in `tiles`; every caller gets n_pre + their count.
 template <int N, int BUG, typename Sync>
-__device__ __forceinline__ int find_tail_tiles(const unsigned* mask_b, int r0, int r_end, int H, int W, bool has_tail,
+__device__ __forceinline__ int find_tail_tiles(const KdtrParams& p, int b, const unsigned* mask_b, int r0, int r_end, int H, int W, bool has_tail,
                                                int n_pre, int t, bool leader, int* live, unsigned char* tiles,
                                                int* n_tail_s, Sync sync) {
   if (t < flash_sm90::MAX_TAIL_TILES) live[t] = 0;
   sync();
   if (has_tail)
-    kdtr::for_each_tail_word<N, BUG>(mask_b, r0, r_end, H, W, t, [&](unsigned word, int w) {
+    kdtr::for_each_tail_word<N, BUG>(p, b, mask_b, r0, r_end, H, W, t, [&](unsigned word, int w) {
       if (word) live[w] = 1;
     });
   sync();
@@ -550,7 +565,7 @@ __global__ void __launch_bounds__(flash_sm90::NTHREADS, XR == flash_sm90::ROWS_T
   // this request's splits, from its length on the device (graph-safe); the grid holds the capacity's count
   const int nsplit = WORK_TABLE ? 1 : kdtr::request_splits(sched, P);
   if (split >= nsplit) return;
-  const unsigned* mask_b = p.tree_mask + (long long)b * T * W;
+  const unsigned* mask_b = p.tree_mask + (long long)(BUG == KDTR_BUG_MASK_REQUEST0 ? 0 : b) * T * W;
 
   // ---- this CTA's keys: prefix range [kp_lo, kp_hi) of its split or piece, plus the tail if last ----
   const kdtr::SplitKeys keys = WORK_TABLE ? cw.keys : kdtr::split_keys<BN, BUG>(P, T, split, nsplit);
@@ -565,7 +580,7 @@ __global__ void __launch_bounds__(flash_sm90::NTHREADS, XR == flash_sm90::ROWS_T
   int n_tiles_block = 0;  // the block-wide scan's result (ROWS_EXTRA)
   if (!CONSUMER_SCAN) {
     if (tid == 0) init_mbarriers();
-    n_tiles_block = find_tail_tiles<NTHREADS, BUG>(mask_b, r0, r_end, H, W, has_tail, n_pre, tid, tid == 0, live, tail_tiles,
+    n_tiles_block = find_tail_tiles<NTHREADS, BUG>(p, b, mask_b, r0, r_end, H, W, has_tail, n_pre, tid, tid == 0, live, tail_tiles,
                                                         n_tail_s, [] { __syncthreads(); });
   }
   // first key of tile i: prefix tiles from kp_lo, tail tile w at P + 32 w
@@ -596,10 +611,12 @@ __global__ void __launch_bounds__(flash_sm90::NTHREADS, XR == flash_sm90::ROWS_T
 #pragma unroll
     for (int it = 0; it < (MAIN ? BM * 8 / 128 : 0); ++it) {
       const int idx = it * 128 + wtid, row = idx >> 3, j = idx & 7;
-      kdtr::cp_async16(qrope + row * 128 + ((j ^ (row & 7)) * 16), qb + (long long)min(r0 + row, R - 1) * KDTR_DK + KDTR_DV + j * 8,
+      kdtr::cp_async16(qrope + row * 128 + ((j ^ (row & 7)) * 16),
+                       qb + (long long)(BUG == KDTR_BUG_Q_HEAD_MAJOR ? kdtr::planted_q_row<BUG>(min(r0 + row, R - 1), T, H)
+                                                                     : min(r0 + row, R - 1)) * KDTR_DK + KDTR_DV + j * 8,
                        BUG != KDTR_BUG_NO_ROPE && r0 + row < R);
     }
-    if (XR && has_x) {
+    if (XR && has_x) {  // (Q_HEAD_MAJOR copies these rows again below: copy_qx_head_major)
       const unsigned qx = base + Smem::qx;
       for (int idx = wtid; idx < XR_MAX * SLABS * 8; idx += 128) {
         const int n = idx / (SLABS * 8), sl = (idx >> 3) % SLABS, j = idx & 7;
@@ -612,9 +629,14 @@ __global__ void __launch_bounds__(flash_sm90::NTHREADS, XR == flash_sm90::ROWS_T
     // Q's latent columns as wgmma A fragments: rows ww*16 + g (+8), k-steps 0..31
     unsigned qf[QREG_KSTEPS][4];  // XONLY: never loaded nor read (the compiler drops it)
     if constexpr (MAIN) {
-      load_q_fragments(qf, qb, r0 + ww * 16 + g, R, tq);
+      load_q_fragments<BUG>(qf, qb, r0 + ww * 16 + g, R, tq, T, H);
       cp_async_wait_all_after(qf[QREG_KSTEPS - 1][3]);  // the slabs landed before Q did: ask once Q is in
+      if constexpr (BUG == KDTR_BUG_Q_HEAD_MAJOR && XR != ROWS_TILES) {
+        copy_qx_head_major<BUG>(base + Smem::qx, qb, has_x ? n_extra : 0, xrow0, R, T, H, wtid);
+        kdtr::cp_async_wait<0>();
+      }
     } else {
+      if constexpr (BUG == KDTR_BUG_Q_HEAD_MAJOR) copy_qx_head_major<BUG>(base + Smem::qx, qb, n_extra, xrow0, R, T, H, wtid);
       kdtr::cp_async_wait<0>();
     }
     fence_async_smem();  // the slabs (generic proxy) before the first S reads them (async proxy)
@@ -622,7 +644,7 @@ __global__ void __launch_bounds__(flash_sm90::NTHREADS, XR == flash_sm90::ROWS_T
     const int n_tiles = CONSUMER_SCAN ? n_pre + *n_tail_s : n_tiles_block;
 
     const int srow0 = r0 + ww * 16 + g;  // this thread's rows: srow0 + 8 h
-    const float sc = p.scale * LOG2E * (BUG == KDTR_BUG_SCALE_OFF ? 1.01f : 1.0f);
+    const float sc = p.scale * kdtr::PLANTED_LOG2E<BUG> * (BUG == KDTR_BUG_SCALE_OFF ? 1.01f : 1.0f);
     float m_run[2] = {kdtr::neg_inf(), kdtr::neg_inf()}, l_run[2] = {0.f, 0.f};  // l: this thread's columns
     // transposed rows (warps 0-1: S^T's keys 0-31): extra rows 2 tq + j; l over this thread's two keys
     float mx_run[2] = {kdtr::neg_inf(), kdtr::neg_inf()}, lx_run[2] = {0.f, 0.f};
@@ -694,11 +716,12 @@ __global__ void __launch_bounds__(flash_sm90::NTHREADS, XR == flash_sm90::ROWS_T
         auto row_word = [&](int r) {  // row r's mask word w as the kernel reads it; 0 past R
           if (r >= R) return 0u;
           const int t = r / H;
-          const unsigned v = kdtr::planted_mask_word<BUG>(mask_b[(long long)t * W + w], t, w);
+          const unsigned v = kdtr::MASK_ADDRESS_BUG<BUG> ? kdtr::tree_mask_word<BUG>(p, b, t, w)
+                                                         : kdtr::planted_mask_word<BUG>(mask_b[(long long)t * W + w], t, w);
           return T - w * 32 < 32 ? v & ((1u << (T - w * 32)) - 1u) : v;  // nodes past T are never visible
         };
 #pragma unroll
-        for (int h = 0; h < 2; ++h) word[h] = MAIN ? row_word(srow0 + 8 * h) : 0u;
+        for (int h = 0; h < 2; ++h) word[h] = MAIN && BUG != KDTR_BUG_CAUSAL_MASK ? row_word(srow0 + 8 * h) : 0u;
         if (XR && has_x && ww < 2) {
 #pragma unroll
           for (int j = 0; j < 2; ++j) wordx[j] = 2 * tq + j < n_extra ? row_word(xrow0 + 2 * tq + j) : 0u;
@@ -709,7 +732,14 @@ __global__ void __launch_bounds__(flash_sm90::NTHREADS, XR == flash_sm90::ROWS_T
       if (XR && has_x) reg_fence(sx);
       if (MAIN) {  // the 64 rows' masks and softmax
         reg_fence(s);
-        if (tail_tile) {
+        if (BUG == KDTR_BUG_CAUSAL_MASK && tail_tile) {  // node t sees tree nodes c <= t: compared, not a word
+          const int c0 = key0 - P, t0 = srow0 / H, t1 = (srow0 + 8) / H;  // (its word cost the work-table build a spill)
+#pragma unroll
+          for (int e = 0; e < S_REGS; ++e) {
+            const int c = c0 + (e >> 2) * 8 + 2 * tq + (e & 1);
+            s[e] = c < T && c <= ((e >> 1) & 1 ? t1 : t0) ? s[e] : kdtr::neg_inf();
+          }
+        } else if (tail_tile) {
 #pragma unroll
           for (int e = 0; e < S_REGS; ++e) {
             const int col = (e >> 2) * 8 + 2 * tq + (e & 1);
@@ -780,7 +810,7 @@ __global__ void __launch_bounds__(flash_sm90::NTHREADS, XR == flash_sm90::ROWS_T
         bar_sync(BAR_XMAX, 64);
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
-          const float m_new = fmaxf(mx_run[j], fmaxf(mx[j], xm[(1 - ww) * XR_MAX + 2 * tq + j]) * sc);
+          const float m_new = BUG == KDTR_BUG_NO_RUNNING_MAX ? 0.f : fmaxf(mx_run[j], fmaxf(mx[j], xm[(1 - ww) * XR_MAX + 2 * tq + j]) * sc);
           const float m_use = m_new == kdtr::neg_inf() ? 0.f : m_new;
           ax[j] = ex2(mx_run[j] - m_use);
           sx[j] = ex2(fmaf(sx[j], sc, -m_use));
@@ -829,7 +859,7 @@ __global__ void __launch_bounds__(flash_sm90::NTHREADS, XR == flash_sm90::ROWS_T
     auto write_lse = [&](int r, float m, float l) {
       // lse in natural log; the planted merge bug drops the max from the partials' lse
       const float lse2 = BUG == KDTR_BUG_MERGE_WRONG_MAX && !direct ? log2f(l) : m + log2f(l);
-      const float lse = l > 0.f ? lse2 * LN2 : kdtr::neg_inf();
+      const float lse = l > 0.f ? lse2 * kdtr::PLANTED_LN2<BUG> : kdtr::neg_inf();
       if (direct) p.lse[(long long)b * R + r] = lse;
       else ws_lse[prow(r)] = lse;
     };
@@ -882,10 +912,11 @@ __global__ void __launch_bounds__(flash_sm90::NTHREADS, XR == flash_sm90::ROWS_T
       init_mbarriers();
       for (int t = 0; t < n_early; ++t) {  // tile t's keys kp_lo + 32 t ..: one page (TMA tiles)
         const int j = kp_lo + t * BN;
-        tma_box(t, p.block_table[b * p.max_pages + min(j / p.page_size, p.max_pages - 1)], j % p.page_size);
+        tma_box(t, p.block_table[(BUG == KDTR_BUG_BLOCK_TABLE_STRIDE ? (int)kdtr::block_table_row<BUG>(p, b, P) : b * p.max_pages) +
+                                 min(j / p.page_size, p.max_pages - 1)], j % p.page_size);
       }
     }
-    const int n_tiles = CONSUMER_SCAN ? find_tail_tiles<256, BUG>(mask_b, r0, r_end, H, W, has_tail, n_pre, tid - 128, tid == 128,
+    const int n_tiles = CONSUMER_SCAN ? find_tail_tiles<256, BUG>(p, b, mask_b, r0, r_end, H, W, has_tail, n_pre, tid - 128, tid == 128,
                                                                  live, tail_tiles, n_tail_s, [] { flash_sm90::bar_sync(flash_sm90::BAR_CONS, 256); })
                                 : n_tiles_block;
     if (CONSUMER_SCAN) bar_arrive(BAR_SCAN, NTHREADS);  // the producer reads the tail tiles and waits on the mbarriers from here
@@ -897,7 +928,7 @@ __global__ void __launch_bounds__(flash_sm90::NTHREADS, XR == flash_sm90::ROWS_T
     const int ld_key = (tid - 128) >> 3, ld_chunk = tid & 7;
     // the cache and block-table bases stay kernel parameters (uniform registers) and per-thread offsets
     // are ints: two 64-bit pointers held in the loop pushed the transposed-rows build into spills
-    const int bt_row = b * p.max_pages;  // this request's block-table row
+    const int bt_row = BUG == KDTR_BUG_BLOCK_TABLE_STRIDE ? (int)kdtr::block_table_row<BUG>(p, b, P) : b * p.max_pages;  // its block-table row
     const bool page_pow2 = (p.page_size & (p.page_size - 1)) == 0;  // 1 and 64: shifts, not divisions
     const int page_shift = __ffs(p.page_size) - 1;
     struct KeyRow {
@@ -908,9 +939,9 @@ __global__ void __launch_bounds__(flash_sm90::NTHREADS, XR == flash_sm90::ROWS_T
       KeyRow k{0, -1};
       const int j = i < n_tiles ? tile_key0(i) + ld_key : P + T;  // past the last tile: no key
       if (j < (i < n_pre ? kp_hi : P + T)) {
-        const int jp = BUG == KDTR_BUG_PAGE_OFF_BY_ONE ? j + 1 : j;
+        const int jt = kdtr::planted_token<BUG>(j, P), jp = BUG == KDTR_BUG_PAGE_OFF_BY_ONE ? jt + 1 : jt;
         k.page = min(page_pow2 ? jp >> page_shift : jp / p.page_size, p.max_pages - 1);
-        k.in_page = page_pow2 ? j & (p.page_size - 1) : j % p.page_size;
+        k.in_page = page_pow2 ? jt & (p.page_size - 1) : jt % p.page_size;
       }
       return k;
     };
@@ -1016,7 +1047,7 @@ __global__ void __launch_bounds__(flash_sm90::NTHREADS, XR == flash_sm90::ROWS_T
       auto o_t = [&] {  // O^T[col, n] += V^T P_x^T: A = V^T by ldmatrix.trans, B = P_x by ldmatrix
         unsigned bq[4];  // P_x's 4 core matrices (keys 8 i .. 8 i + 7): B fragments of both k-steps
         ld_px_fragments(bq, base + Smem::px + stage * PX_BYTES + xb_off);
-        const unsigned xa = tile + (4 * c + ww) * SLAB + xa_row;
+        const unsigned xa = tile + (4 * c + ww + kdtr::V_COL0<BUG> / 64) * SLAB + xa_row;
 #pragma unroll
         for (int j = 0; j < OX_TILES; ++j)
 #pragma unroll
@@ -1031,7 +1062,7 @@ __global__ void __launch_bounds__(flash_sm90::NTHREADS, XR == flash_sm90::ROWS_T
 #pragma unroll
         for (int kk = 0; kk < BN / 16; ++kk)
           wgmma_ss_m64n256k16(acc, desc_make(pb + kk * 256, 128, 512, false),
-                              desc_sw128(tile + c * 4 * SLAB + kk * 2048, SLAB, 1024), 1);
+                              desc_sw128(tile + (c * 4 + kdtr::V_COL0<BUG> / 64) * SLAB + kk * 2048, SLAB, 1024), 1);
         wgmma_commit();
       }
       if constexpr (XONLY) {  // O^T[col, n] += V^T P_x^T on wgmma: consumer c's 4 slabs as the M of 4 products,
@@ -1042,7 +1073,7 @@ __global__ void __launch_bounds__(flash_sm90::NTHREADS, XR == flash_sm90::ROWS_T
         for (int j = 0; j < OX_TILES; ++j)
 #pragma unroll
           for (int kk = 0; kk < BN / 16; ++kk)
-            wgmma_ss_m64n8k16<1>(accx[j], desc_sw128(tile + (4 * c + j) * SLAB + kk * 2048, SLAB, 1024),
+            wgmma_ss_m64n8k16<1>(accx[j], desc_sw128(tile + (4 * c + j + kdtr::V_COL0<BUG> / 64) * SLAB + kk * 2048, SLAB, 1024),
                                     desc_make(pxb + kk * 256, 128, 512, false), 1);
         wgmma_commit();
       } else if (XR && has_x) {
@@ -1108,7 +1139,8 @@ __global__ void __launch_bounds__(flash_sm90::NTHREADS, XR == flash_sm90::ROWS_T
           for (int jj = 0; jj < PIECE / 8; ++jj) {
             const int j = pass * (PIECE / 8) + jj;
             *reinterpret_cast<float2*>(piece + rl * PITCH + jj * 8 + 2 * tq) =
-                make_float2(acc[4 * j + 2 * h] * inv, acc[4 * j + 2 * h + 1] * inv);
+                make_float2(kdtr::planted_store<BUG, OutT>(acc[4 * j + 2 * h] * inv),
+                            kdtr::planted_store<BUG, OutT>(acc[4 * j + 2 * h + 1] * inv));
           }
         }
         bar_sync(BAR_CONS, 256);
@@ -1126,7 +1158,8 @@ __global__ void __launch_bounds__(flash_sm90::NTHREADS, XR == flash_sm90::ROWS_T
 #pragma unroll
       for (int j = 0; j < O_REGS / 4; ++j) {
         const int col = c * (KDTR_DV / 2) + j * 8 + 2 * tq;
-        const float o0 = acc[4 * j + 2 * h] * inv, o1 = acc[4 * j + 2 * h + 1] * inv;
+        const float o0 = kdtr::planted_store<BUG, OutT>(acc[4 * j + 2 * h] * inv),
+                    o1 = kdtr::planted_store<BUG, OutT>(acc[4 * j + 2 * h + 1] * inv);
         if (direct) kdtr::store2<OutT>(static_cast<OutT*>(p.out) + orow + col, o0, o1);
         else kdtr::store2<float>(ws_o + orow + col, o0, o1);
       }
@@ -1135,7 +1168,8 @@ __global__ void __launch_bounds__(flash_sm90::NTHREADS, XR == flash_sm90::ROWS_T
       bar_sync(BAR_CONS, 256);  // both halves of O^T staged
       for (int idx = tid - 128; idx < n_extra * (KDTR_DV / 2); idx += 256) {
         const int n = idx / (KDTR_DV / 2), col = 2 * (idx % (KDTR_DV / 2)), r = xrow0 + n;
-        const float inv = stats[BM + n], o0 = xs[n * KDTR_DV + col] * inv, o1 = xs[n * KDTR_DV + col + 1] * inv;
+        const float inv = stats[BM + n], o0 = kdtr::planted_store<BUG, OutT>(xs[n * KDTR_DV + col] * inv),
+                    o1 = kdtr::planted_store<BUG, OutT>(xs[n * KDTR_DV + col + 1] * inv);
         if (direct) kdtr::store2<OutT>(static_cast<OutT*>(p.out) + orow_of(r) + col, o0, o1);
         else kdtr::store2<float>(ws_o + orow_of(r) + col, o0, o1);
       }

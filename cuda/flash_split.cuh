@@ -94,25 +94,78 @@ __device__ __forceinline__ CtaWork work_table_row(const KdtrParams& p, const Fla
   return c;
 }
 
-// Mask word w of node t as a kernel with planted bug BUG reads it (SIBLING_VISIBLE adds node t-1).
+// Mask word w of node t as a kernel with planted bug BUG reads it (SIBLING_VISIBLE adds node t-1; the
+// mask-word bugs of kdtr/kernels/bugs.py change what the word says).
 template <int BUG>
 __device__ __forceinline__ unsigned planted_mask_word(unsigned word, int t, int w) {
   if (BUG == KDTR_BUG_SIBLING_VISIBLE && t >= 1 && (t - 1) / 32 == w) word |= 1u << ((t - 1) % 32);
+  if (BUG == KDTR_BUG_MASK_BIT_ORDER) word = __brev(word);
+  if (BUG == KDTR_BUG_CAUSAL_MASK) word = t >= w * 32 + 31 ? ~0u : t >= w * 32 ? (2u << (t - w * 32)) - 1u : 0u;  // nodes 0..t
+  if (BUG == KDTR_BUG_NO_SELF && t / 32 == w) word &= ~(1u << (t % 32));
   return word;
 }
 
-// Calls mark(word, w) for every mask word w of every tree node that rows [r0, r_end) of a request
+// The planted bugs that read a mask word from another address (tree_mask_word below).
+template <int BUG>
+constexpr bool MASK_ADDRESS_BUG = BUG == KDTR_BUG_MASK_STRIDE || BUG == KDTR_BUG_MASK_REQUEST0;
+
+// Mask word w of node t of request b where a MASK_ADDRESS_BUG reads it, then planted_mask_word.
+template <int BUG>
+__device__ __forceinline__ unsigned tree_mask_word(const KdtrParams& p, int b, int t, int w) {
+  long long at = ((long long)(BUG == KDTR_BUG_MASK_REQUEST0 ? 0 : b) * p.T + t) * p.mask_words + w;
+  if (BUG == KDTR_BUG_MASK_STRIDE)  // the row stride of a T + 1-node mask; the mask's last word past its end
+    at = min(((long long)b * p.T + t) * (p.T / KDTR_MASK_BITS + 1) + w, (long long)p.B * p.T * p.mask_words - 1);
+  return planted_mask_word<BUG>(p.tree_mask[at], t, w);
+}
+
+// Calls mark(word, w) for every mask word w of every tree node that rows [r0, r_end) of request b
 // belong to (row r is node r / H; r_end <= R), as a kernel with planted bug BUG reads them; the
 // NTHREADS threads of the CTA share the words. Kernels mark the tail tiles a word makes live.
 template <int NTHREADS, int BUG, typename Mark>
-__device__ __forceinline__ void for_each_tail_word(const unsigned* mask_b, int r0, int r_end, int H, int W, int tid,
-                                                   Mark mark) {
+__device__ __forceinline__ void for_each_tail_word(const KdtrParams& p, int b, const unsigned* mask_b, int r0, int r_end,
+                                                   int H, int W, int tid, Mark mark) {
   const int t_lo = r0 / H, t_hi = (r_end - 1) / H;
   for (int idx = tid; idx < (t_hi - t_lo + 1) * W; idx += NTHREADS) {
     const int t = t_lo + idx / W, w = idx % W;
-    mark(planted_mask_word<BUG>(mask_b[(long long)t * W + w], t, w), w);
+    if constexpr (MASK_ADDRESS_BUG<BUG>) mark(tree_mask_word<BUG>(p, b, t, w), w);
+    else mark(planted_mask_word<BUG>(mask_b[(long long)t * W + w], t, w), w);
   }
 }
+
+// Row of the request's q that query row r reads (Q_HEAD_MAJOR: q taken as [H, T, 576]).
+template <int BUG>
+__device__ __forceinline__ int planted_q_row(int r, int T, int H) {
+  return BUG == KDTR_BUG_Q_HEAD_MAJOR ? r % H * T + r / H : r;
+}
+
+// First block-table entry of request b with prefix P (BLOCK_TABLE_STRIDE: rows packed at each request's own
+// page count).
+template <int BUG>
+__device__ __forceinline__ long long block_table_row(const KdtrParams& p, int b, int P) {
+  return (long long)b * (BUG == KDTR_BUG_BLOCK_TABLE_STRIDE ? (P + p.T + p.page_size - 1) / p.page_size : p.max_pages);
+}
+
+// Token whose cache row holds key j of a request with prefix P (TAIL_POSITION: tree node j - P at token j - P).
+template <int BUG>
+__device__ __forceinline__ int planted_token(int j, int P) {
+  return BUG == KDTR_BUG_TAIL_POSITION && j >= P ? j - P : j;
+}
+
+// A value the kernel stores in out or in a partial row (OUT_TRUNCATE with bf16 out: rounded toward zero to bf16).
+template <int BUG, typename OutT>
+__device__ __forceinline__ float planted_store(float x) {
+  if constexpr (BUG == KDTR_BUG_OUT_TRUNCATE && sizeof(OutT) == 2) return __uint_as_float(__float_as_uint(x) & 0xffff0000u);
+  return x;
+}
+
+// The kernels' softmax factors as planted bugs change them: the exp2 domain's log2(e) (MISSING_LOG2E drops it),
+// the natural log of the lse written from log2 (LSE_LOG2 writes log2), the first column of V (V_COLUMNS: 64).
+template <int BUG>
+constexpr float PLANTED_LOG2E = BUG == KDTR_BUG_MISSING_LOG2E ? 1.0f : LOG2E;
+template <int BUG>
+constexpr float PLANTED_LN2 = BUG == KDTR_BUG_LSE_LOG2 ? 1.0f : LN2;
+template <int BUG>
+constexpr int V_COL0 = BUG == KDTR_BUG_V_COLUMNS ? KDTR_DROPE : 0;
 
 }  // namespace kdtr
 

@@ -92,4 +92,17 @@ enum KdtrBug {
   KDTR_BUG_MERGE_WRONG_MAX = 6,   // split partials merged without rescaling to the common max
   KDTR_BUG_PAGE_OFF_BY_ONE = 7,   // token j read from page block_table[b, (j + 1) / page_size]
   KDTR_BUG_BAKED_LENGTHS = 8,     // the launch's own copy of the prefix lengths it was prepared with (no kernel build)
+  KDTR_BUG_MASK_STRIDE = 9,       // mask word (t, w) read at flat word (b * T + t) * (T / 32 + 1) + w (clamped)
+  KDTR_BUG_MASK_BIT_ORDER = 10,   // tree node c read from bit 31 - c % 32 of its word
+  KDTR_BUG_CAUSAL_MASK = 11,      // node t sees tree nodes 0..t whatever the mask says
+  KDTR_BUG_MASK_REQUEST0 = 12,    // every request reads request 0's mask
+  KDTR_BUG_NO_SELF = 13,          // node t does not see itself
+  KDTR_BUG_Q_HEAD_MAJOR = 14,     // query row (t, h) read from row h * T + t of the request's q
+  KDTR_BUG_BLOCK_TABLE_STRIDE = 15,  // request b's block-table row at entry b * ceil((P_b + T) / page_size)
+  KDTR_BUG_TAIL_POSITION = 16,    // tree node c's key read at token c, not P_b + c
+  KDTR_BUG_NO_RUNNING_MAX = 17,   // p = exp(s): no maximum subtracted
+  KDTR_BUG_LSE_LOG2 = 18,         // lse (final or a split's partial) written in base 2
+  KDTR_BUG_OUT_TRUNCATE = 19,     // bf16 out: stored values (out, partial rows) rounded toward zero
+  KDTR_BUG_MISSING_LOG2E = 20,    // exp2-domain softmax without log2(e): the operator at scale * ln 2
+  KDTR_BUG_V_COLUMNS = 21,        // V read from cache columns 64..575
 };

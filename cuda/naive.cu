@@ -78,7 +78,13 @@ __device__ __forceinline__ void stage_rows(const T* src, Offset offset, float* d
 template <int BUG>
 __device__ __forceinline__ long long key_offset(const KdtrParams& p, int b, int j, int n_keys) {
   if (j >= n_keys) return -1;
-  if constexpr (BUG == KDTR_BUG_PAGE_OFF_BY_ONE) {
+  const int P = n_keys - p.T;
+  if constexpr (BUG == KDTR_BUG_TAIL_POSITION) {
+    return kdtr::kv_token_offset(p, b, j >= P ? j - P : j);  // tree node c at token c, not P + c
+  } else if constexpr (BUG == KDTR_BUG_BLOCK_TABLE_STRIDE) {
+    const int pages = (n_keys + p.page_size - 1) / p.page_size;  // the request's own page count as row stride
+    return kdtr::kv_page_row(p, p.block_table[(long long)b * pages + j / p.page_size], j % p.page_size);
+  } else if constexpr (BUG == KDTR_BUG_PAGE_OFF_BY_ONE) {
     // (j + 1) / page_size, clamped to the block-table row so the bug stays a wrong read, not a
     // read outside block_table (entries past a request's pages point at a NaN page).
     const int page_index = min((j + 1) / p.page_size, p.max_pages - 1);
@@ -104,8 +110,23 @@ __device__ __forceinline__ bool is_visible(const KdtrParams& p, int b, int t, in
   if constexpr (BUG == KDTR_BUG_SIBLING_VISIBLE) {
     if (c == t - 1) return true;
   }
+  if constexpr (BUG == KDTR_BUG_CAUSAL_MASK) return c <= t;
+  if constexpr (BUG == KDTR_BUG_NO_SELF) {
+    if (c == t) return false;
+  }
+  if constexpr (BUG == KDTR_BUG_MASK_REQUEST0) return kdtr::mask_bit(p, 0, t, c);
+  if constexpr (BUG == KDTR_BUG_MASK_BIT_ORDER) {
+    return (kdtr::mask_row(p, b, t)[c / KDTR_MASK_BITS] >> (KDTR_MASK_BITS - 1 - c % KDTR_MASK_BITS)) & 1u;
+  }
+  if constexpr (BUG == KDTR_BUG_MASK_STRIDE) {  // the row stride of a T + 1-node mask; its last word past its end
+    const long long at = ((long long)b * p.T + t) * (p.T / KDTR_MASK_BITS + 1) + c / KDTR_MASK_BITS;
+    return (p.tree_mask[min(at, (long long)p.B * p.T * p.mask_words - 1)] >> (c % KDTR_MASK_BITS)) & 1u;
+  }
   return kdtr::mask_bit(p, b, t, c);
 }
+
+// OUT_TRUNCATE: x rounded toward zero to a bf16 value (the float's top 16 bits).
+__device__ __forceinline__ float truncate_bf16(float x) { return __uint_as_float(__float_as_uint(x) & 0xffff0000u); }
 
 // q . k over the 576 columns (512 with the NO_ROPE bug), four interleaved fp32 partial sums.
 template <int BUG>
@@ -178,12 +199,19 @@ __global__ void __launch_bounds__(naive::THREADS, naive::MIN_BLOCKS) kdtr_naive_
   const int t = row_ok ? row / p.H : 0;
   const int P = p.prefix_lens[b];
   const int n_keys = P + p.T;
-  const float scale = (BUG == KDTR_BUG_SCALE_OFF) ? p.scale * 1.01f : p.scale;
+  // MISSING_LOG2E: an exp2-domain kernel without log2(e) computes the operator at scale * ln 2
+  const float scale = (BUG == KDTR_BUG_SCALE_OFF) ? p.scale * 1.01f : (BUG == KDTR_BUG_MISSING_LOG2E) ? p.scale * kdtr::LN2 : p.scale;
   const KvT* kv = static_cast<const KvT*>(p.kv_cache);
 
-  stage_rows(static_cast<const KvT*>(p.q),
-             [&](int i) { return row0 + i < rows ? ((long long)b * rows + row0 + i) * KDTR_DK : -1LL; },
-             q_s);
+  if constexpr (BUG == KDTR_BUG_Q_HEAD_MAJOR) {  // row (t, h) read from row h * T + t
+    auto q_row = [&](int rr) { return rr % p.H * p.T + rr / p.H; };
+    stage_rows(static_cast<const KvT*>(p.q),
+               [&](int i) { return row0 + i < rows ? ((long long)b * rows + q_row(row0 + i)) * KDTR_DK : -1LL; }, q_s);
+  } else {
+    stage_rows(static_cast<const KvT*>(p.q),
+               [&](int i) { return row0 + i < rows ? ((long long)b * rows + row0 + i) * KDTR_DK : -1LL; },
+               q_s);
+  }
   const int split_j = (SPLIT && row_ok) ? second_half_start(p, b, t, P) : n_keys;
 
   // ---- pass 1: max and sum of exp over the visible keys (per split with the bug) ------------
@@ -199,7 +227,8 @@ __global__ void __launch_bounds__(naive::THREADS, naive::MIN_BLOCKS) kdtr_naive_
     const bool first = j < split_j;
     {
       const float x = first ? s : kdtr::neg_inf();
-      const float tm = kdtr::warp_max<KEYS>(x);
+      const float tx = kdtr::warp_max<KEYS>(x);  // NO_RUNNING_MAX: 0 wherever a key is visible
+      const float tm = BUG == KDTR_BUG_NO_RUNNING_MAX && tx != kdtr::neg_inf() ? 0.f : tx;
       const float tl = kdtr::warp_sum<KEYS>(x == kdtr::neg_inf() ? 0.f : expf(x - tm));
       merge_stats(m0, l0, tm, tl);
     }
@@ -233,7 +262,7 @@ __global__ void __launch_bounds__(naive::THREADS, naive::MIN_BLOCKS) kdtr_naive_
     for (int cc = 0; cc < KEYS; ++cc) {
       const float w = p_s[r * KEYS + cc];
       if (w == 0.f) continue;  // invisible (or underflowed) key: adds nothing
-      const float* v = k_s + cc * LD + VEC * c;
+      const float* v = k_s + cc * LD + VEC * c + (BUG == KDTR_BUG_V_COLUMNS ? KDTR_DROPE : 0);
 #pragma unroll
       for (int i = 0; i < OUT_VECS; ++i) {
         const float4 x = *reinterpret_cast<const float4*>(v + VEC * KEYS * i);
@@ -250,6 +279,9 @@ __global__ void __launch_bounds__(naive::THREADS, naive::MIN_BLOCKS) kdtr_naive_
 #pragma unroll
   for (int i = 0; i < OUT_VECS; ++i) {
     OutT* o = out + VEC * KEYS * i;
+    if constexpr (BUG == KDTR_BUG_OUT_TRUNCATE && sizeof(OutT) == 2) {  // bf16 out rounded toward zero
+      acc[i] = make_float4(truncate_bf16(acc[i].x), truncate_bf16(acc[i].y), truncate_bf16(acc[i].z), truncate_bf16(acc[i].w));
+    }
     o[0] = kdtr::from_float<OutT>(acc[i].x);
     o[1] = kdtr::from_float<OutT>(acc[i].y);
     o[2] = kdtr::from_float<OutT>(acc[i].z);
@@ -257,6 +289,7 @@ __global__ void __launch_bounds__(naive::THREADS, naive::MIN_BLOCKS) kdtr_naive_
   }
   if (c == 0) {
     const float m = SPLIT ? fmaxf(m0, m1) : m0;
-    p.lse[(long long)b * rows + row] = m + logf(denom);
+    const float lse = m + logf(denom);
+    p.lse[(long long)b * rows + row] = BUG == KDTR_BUG_LSE_LOG2 ? lse * kdtr::LOG2E : lse;
   }
 }

@@ -87,21 +87,48 @@ def round_to(x: np.ndarray, dtype: str) -> np.ndarray:
     raise ValueError(f"out_dtype must be one of {OUT_DTYPES}, got {dtype!r}")
 
 
-def _keys(p: Problem, b: int, n: int, off_by_one: bool) -> np.ndarray:
-    """[n, 576] float32 cache rows of request b's tokens 0..n-1, read through the block table."""
+def _keys(p: Problem, b: int, n: int, bug: Bug) -> np.ndarray:
+    """[n, 576] float32 cache rows of request b's tokens 0..n-1, read through the block table as planted bug
+    ``bug`` reads them (PAGE_OFF_BY_ONE, BLOCK_TABLE_STRIDE, TAIL_POSITION)."""
     j = np.arange(n, dtype=np.int64)
+    P = n - p.T
+    if bug is Bug.TAIL_POSITION:
+        j[P:] -= P
     pg, width = p.page_size, p.block_table.shape[1]
-    col = (j + 1) // pg if off_by_one else j // pg
+    col = (j + 1) // pg if bug is Bug.PAGE_OFF_BY_ONE else j // pg
+    row = b * (-(-n // pg) if bug is Bug.BLOCK_TABLE_STRIDE else width)
     # A read past the row continues into the next one, as flat GPU indexing does (clamped).
     flat_bt = p.block_table.reshape(-1)
-    page = flat_bt[np.minimum(b * width + col, flat_bt.size - 1)].astype(np.int64)
+    page = flat_bt[np.minimum(row + col, flat_bt.size - 1)].astype(np.int64)
     return p.kv_cache.reshape(-1, DK)[page * pg + j % pg].astype(_F32)
 
 
-def _partial(q, k, v, scale, vis, tile):
+def _tail_mask(p: Problem, b: int, bug: Bug) -> np.ndarray:
+    """[T, T] bool: node r sees tail node c, as planted bug ``bug`` reads the tree mask."""
+    T, W = p.T, p.tree_mask.shape[2]
+    words = p.tree_mask[0 if bug is Bug.MASK_REQUEST0 else b]  # [T, W]
+    if bug is Bug.MASK_STRIDE:  # the row stride of a T + 1-node mask, the mask's last word past its end
+        at = (b * T + np.arange(T)[:, None]) * (T // 32 + 1) + np.arange(W)
+        flat = p.tree_mask.reshape(-1)
+        words = flat[np.minimum(at, flat.size - 1)]
+    if bug is Bug.MASK_BIT_ORDER:  # bit 31 - c % 32: the words' bits reversed
+        bits = np.unpackbits(np.ascontiguousarray(words, "<u4").view(np.uint8), axis=1, bitorder="little")
+        words = np.packbits(bits.reshape(T, W, 32)[:, :, ::-1], axis=2, bitorder="little").reshape(T, 4 * W).view("<u4")
+    vis = unpack_mask(words, T)
+    if bug is Bug.SIBLING_VISIBLE and T > 1:
+        vis[np.arange(1, T), np.arange(T - 1)] = True
+    if bug is Bug.CAUSAL_MASK:
+        vis = np.tri(T, dtype=bool)
+    if bug is Bug.NO_SELF:
+        vis[np.arange(T), np.arange(T)] = False
+    return vis
+
+
+def _partial(q, k, v, scale, vis, tile, no_max: bool = False):
     """One split's flash loop: (acc [R, 512], m [R], l [R]) in fp32.
 
     q [R, d] and k [n, d] fp32 holding bf16 values, v [n, 512]; vis [R, n] bool or None (all seen).
+    no_max: NO_RUNNING_MAX, the maximum taken as 0 wherever a key was seen (p = exp(s)).
     """
     R, n = q.shape[0], k.shape[0]
     nt = -(-n // tile)
@@ -117,6 +144,8 @@ def _partial(q, k, v, scale, vis, tile):
     s3 = s.reshape(R, nt, tile)  # [R, nt, tile]
     m_run = np.maximum.accumulate(s3.max(axis=2), axis=1)  # [R, nt] running max after each tile
     dead = np.isneginf(m_run)  # no visible key yet: subtract 0, as the -inf guard of FA kernels
+    if no_max:
+        m_run = np.where(dead, m_run, _F32(0))
     m_sub = np.where(dead, _F32(0), m_run)
     s3 -= m_sub[:, :, None]
     np.exp(s3, out=s3)  # P fp32
@@ -129,8 +158,11 @@ def _partial(q, k, v, scale, vis, tile):
     return acc, m_run[:, -1], l
 
 
-def _combine(parts, wrong_max: bool):
-    """Merge split partials by LSE: out [R, 512], lse [R] (fp32)."""
+def _combine(parts, bug: Bug = Bug.NONE, out_dtype: str = "fp32"):
+    """Merge split partials by LSE: out [R, 512], lse [R] (fp32). The partials as planted bug ``bug`` writes
+    them (LSE_LOG2: lse in base 2; OUT_TRUNCATE with bf16 out: rows rounded toward zero to bf16); MERGE_WRONG_MAX
+    merges them wrongly. A row no split saw is out 0, lse -inf, as the kernels leave it (planted mask bugs)."""
+    wrong_max = bug is Bug.MERGE_WRONG_MAX
     acc = [a for a, _, _ in parts]
     m = np.stack([x for _, x, _ in parts])  # [S, R]
     l = np.stack([x for _, _, x in parts])  # [S, R]
@@ -141,24 +173,34 @@ def _combine(parts, wrong_max: bool):
     empty = l == 0  # a split no key of which the row sees
     l1 = np.where(empty, _F32(1), l)
     lse_s = np.where(empty, _F32(-np.inf), m + np.log(l1))  # [S, R]
-    M = lse_s.max(axis=0)  # [R]
+    if bug is Bug.LSE_LOG2:
+        lse_s *= _F32(np.log2(np.e))
+    seen = ~np.isneginf(lse_s.max(axis=0))  # [R]: always, but for planted mask bugs
+    M = np.where(seen, lse_s.max(axis=0), _F32(0))  # [R]
     w = np.exp(lse_s - M)  # [S, R]
     o = [acc[s] / l1[s, :, None] for s in range(len(acc))]  # [R, 512] each
+    if bug is Bug.OUT_TRUNCATE and out_dtype == "bf16":
+        o = [(x.view(np.uint32) & np.uint32(0xFFFF0000)).view(_F32) for x in o]
     out = sum(w[s, :, None] * o[s] for s in range(len(acc)))
-    wsum = w.sum(axis=0)
-    return out / wsum[:, None], M + np.log(wsum)
+    wsum = np.where(seen, w.sum(axis=0), _F32(1))
+    return out / wsum[:, None], np.where(seen, M + np.log(wsum), _F32(-np.inf))
 
 
-def emulate_request(p: Problem, b: int, bug: Bug, tile: int, split_len: int | None):
+def emulate_request(p: Problem, b: int, bug: Bug, tile: int, split_len: int | None, out_dtype: str = "fp32"):
     """out [T, H, 512] and lse [T, H] (fp32, out not yet rounded) of request b."""
     T, H = p.T, p.H
     R = T * H
     P = int(p.prefix_lens[b])
-    kv = _keys(p, b, P + T, bug is Bug.PAGE_OFF_BY_ONE)  # [P+T, 576]
+    kv = _keys(p, b, P + T, bug)  # [P+T, 576]
     q = p.q[b].reshape(R, DK).astype(_F32)  # [R, 576], row = node * H + head
+    if bug is Bug.Q_HEAD_MAJOR:  # row (t, h) read from row h * T + t
+        r = np.arange(R)
+        q = q[r % H * T + r // H]
     d = DV if bug is Bug.NO_ROPE else DK
-    qd, kd, v = q[:, :d], kv[:, :d], kv[:, :DV]
-    scale = _F32(p.scale * 1.01 if bug is Bug.SCALE_OFF else p.scale)
+    v0 = DK - DV if bug is Bug.V_COLUMNS else 0
+    qd, kd, v = q[:, :d], kv[:, :d], kv[:, v0:v0 + DV]
+    scale = _F32(p.scale * {Bug.SCALE_OFF: 1.01, Bug.MISSING_LOG2E: np.log(2)}.get(bug, 1))
+    no_max = bug is Bug.NO_RUNNING_MAX
 
     p_end = P  # prefix keys actually visited
     if bug is Bug.DROP_PREFIX_KEY and P > 0:
@@ -170,20 +212,17 @@ def emulate_request(p: Problem, b: int, bug: Bug, tile: int, split_len: int | No
     for s0, s1 in split_bounds(P, sl, tile):
         s1 = min(s1, p_end)
         if s1 > s0:
-            parts.append(_partial(qd, kd[s0:s1], v[s0:s1], scale, None, tile))
+            parts.append(_partial(qd, kd[s0:s1], v[s0:s1], scale, None, tile, no_max))
 
-    vis = unpack_mask(p.tree_mask[b], T)  # [T, T] node r sees tail key c
-    if bug is Bug.SIBLING_VISIBLE and T > 1:
-        vis[np.arange(1, T), np.arange(T - 1)] = True
-    vis = np.repeat(vis, H, axis=0)  # [R, T]
+    vis = np.repeat(_tail_mask(p, b, bug), H, axis=0)  # [R, T] row r sees tail key c
     tail = [(0, T)]
     if bug is Bug.MERGE_WRONG_MAX and not parts and T > 1:
         tail = [(0, (T + 1) // 2), ((T + 1) // 2, T)]  # one split only: plant a 2-way split
     for c0, c1 in tail:
         sel = slice(P + c0, P + c1)
-        parts.append(_partial(qd, kd[sel], v[sel], scale, vis[:, c0:c1], tile))
+        parts.append(_partial(qd, kd[sel], v[sel], scale, vis[:, c0:c1], tile, no_max))
 
-    out, lse = _combine(parts, bug is Bug.MERGE_WRONG_MAX)
+    out, lse = _combine(parts, bug, out_dtype)
     return out.reshape(T, H, DV), lse.reshape(T, H)
 
 
@@ -210,9 +249,9 @@ def emulate_flash(
         split_bounds(0, split_len, tile)  # validate once
     out = np.empty(problem.out_shape(), dtype=_F32)  # [B, T, H, 512]
     lse = np.empty((problem.B, problem.T, problem.H), dtype=_F32)  # [B, T, H]
-    with np.errstate(invalid="ignore"):  # NaN read by PAGE_OFF_BY_ONE propagates as on a GPU
+    with np.errstate(invalid="ignore", over="ignore"):  # NaN read by PAGE_OFF_BY_ONE, NO_RUNNING_MAX's inf: as on a GPU
         for b in range(problem.B):
-            out[b], lse[b] = emulate_request(problem, b, bug, tile, split_len)
+            out[b], lse[b] = emulate_request(problem, b, bug, tile, split_len, out_dtype)
     return round_to(out, out_dtype), lse
 
 

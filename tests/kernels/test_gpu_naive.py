@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from kdtr.kernels import launch
-from kdtr.kernels.bugs import PLAIN, Bug
+from kdtr.kernels.bugs import PLAIN, SHOWS_ON, Bug
 from kdtr.kernels.registry import resolve_kernel, variant_name
 from kdtr.inputs.presets import DK, DV
 from kdtr.inputs.problem import Problem, mask_words
@@ -142,15 +142,22 @@ def test_naive_matches_float64_reference(kv_dtype, page_size, P, T, out_dtype):
         assert excess.max() <= 0, f"worst excess {excess.max():.3g}"
 
 
+UNSEEN_HERE = (Bug.MASK_STRIDE, Bug.NO_RUNNING_MAX, Bug.OUT_TRUNCATE)
+"""Bugs this test's problem cannot show (T = 33, unit-variance scores, fp32 out): SHOWS_ON says what they need."""
+
+
 @pytest.mark.parametrize("bug", PLAIN, ids=lambda b: b.slug)
 @pytest.mark.parametrize("page_size", [1, 64])
 def test_naive_planted_bugs_fail(bug: Bug, page_size):
+    if bug in UNSEEN_HERE:
+        pytest.skip(f"{bug.slug} needs {SHOWS_ON[bug]}; ci has it (tests/check/test_gpu_verify.py)")
     pr = build_problem(2, [700, 65], 33, 3, page_size)
-    ref_out, _ = reference64(pr)
-    good = max_err(run("naive", pr).out, ref_out)
-    bad = max_err(run(variant_name("naive", bug), pr).out, ref_out)
-    assert good < 1e-4
-    assert bad > max(1e-3, 50 * good), f"{bug.slug}: error {bad:.3g} vs correct {good:.3g}"
+    ref_out, ref_lse = reference64(pr)
+    good, bad = run("naive", pr), run(variant_name("naive", bug), pr)
+    good_err = max(max_err(good.out, ref_out), max_err(good.lse, ref_lse))
+    bad_err = max(max_err(bad.out, ref_out), max_err(bad.lse, ref_lse))  # lse-log2 changes the lse alone
+    assert good_err < 1e-4
+    assert bad_err > max(1e-3, 50 * good_err), f"{bug.slug}: error {bad_err:.3g} vs correct {good_err:.3g}"
 
 
 @pytest.mark.parametrize("kv_dtype,out_dtype", [("fp32", "fp32"), ("bf16", "bf16"), ("bf16", "fp32")])
