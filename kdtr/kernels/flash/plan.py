@@ -243,14 +243,15 @@ class SplitModel:
     at_least: int = 1
     """The planted merge bug takes at least 2 (it needs a merge to show)."""
     forced: int = 0
-    """Force.splits: every request takes that many (still between at_least and most); 0: the model."""
+    """Force.splits: every request takes that many (at least at_least; it may pass SPLIT_MAX, which bounds the
+    model's choice and the device scheduler's, never taken with a forced count); 0: the model."""
 
     def counts(self, tiles) -> np.ndarray:
         """Split counts of requests of ``tiles`` prefix tiles (array)."""
         t = np.asarray(tiles, np.int64)
         c = (np.full(t.shape, self.forced, np.int64) if self.forced else
              split_counts(t.reshape(-1), self.T, self.bn, self.base_ctas, self.rows, self.B, self.slots).reshape(t.shape))
-        return np.clip(c, self.at_least, self.most)
+        return np.clip(c, self.at_least, max(self.most, self.forced))  # a forced count may pass SPLIT_MAX
 
     def count(self, prefix: int) -> int:
         """Split count of a request of ``prefix`` keys."""
