@@ -49,6 +49,8 @@ def render_show(d: dict) -> None:
         ("B x T x H", f"{dims.get('B')} x {dims.get('T')} x {dims.get('H')}"), ("scale", m.get("scale")),
         ("kv / out dtype", f"{m.get('kv_dtype')} / {m.get('out_dtype')}"), ("page size", dims.get("page_size")),
         ("tree", json.dumps(m.get("tree"))), ("seed", m.get("seed")),
+        ("values", (m.get("spec") or {}).get("values", "normal")),
+        ("max |scaled score|", (m.get("conditioning") or {}).get("max_abs_score", "not recorded")),
         ("tolerances", json.dumps(m.get("tolerances"))),
     ])
     report.table("tensors", ["name", "dtype", "shape", "MB"],
