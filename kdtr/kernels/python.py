@@ -107,10 +107,16 @@ class PyCallableKernel:
         batch = to_sglang(problem, bitpacked=self.layout == "sglang-bitpacked")
         return [getattr(batch, name) for name in SGLANG_ARGS]
 
+    def _kwargs(self, problem, out_dtype: str) -> dict:
+        """The keyword arguments of every call (the module docstring's contract): page_size in kdtr's layout."""
+        kw = {"scale": float(problem.scale), "out_dtype": out_dtype}
+        if self.layout == "kdtr":
+            kw["page_size"] = problem.page_size
+        return kw
+
     def _call(self, args, problem, out_dtype: str):
-        kw = {"page_size": problem.page_size} if self.layout == "kdtr" else {}
         try:
-            res = self.fn(*args, scale=float(problem.scale), out_dtype=out_dtype, **kw)
+            res = self.fn(*args, **self._kwargs(problem, out_dtype))
             if self.device == "cuda" and self.framework == "torch":
                 import torch
 
@@ -202,9 +208,7 @@ class PyCallableKernel:
             raw = ([getattr(dp, name) for name in INPUTS] if self.layout == "kdtr"
                    else self._device_args(cp, problem, out_dtype))
             args = self._framework_args(cp, raw, problem)
-        kw = {"scale": float(problem.scale), "out_dtype": out_dtype}
-        if self.layout == "kdtr":
-            kw["page_size"] = problem.page_size
+        kw = self._kwargs(problem, out_dtype)
         fn = self.fn
 
         def go():
@@ -251,7 +255,7 @@ class CallableGraphRun:
         self.kernel, self.problem, self.name = kernel, problem, kernel.name
         self.dp = DeviceProblem(problem, out_dtype)
         args = kernel._framework_args(cp, [getattr(self.dp, name) for name in INPUTS], problem)
-        kw = {"scale": float(problem.scale), "out_dtype": out_dtype, "page_size": problem.page_size}
+        kw = kernel._kwargs(problem, out_dtype)  # kdtr's layout: the SGLang ones are not captured (NoGraph)
         if kernel.framework == "torch":
             self._capture_torch(args, kw)
         else:
