@@ -19,8 +19,7 @@ import numpy as np
 
 from kdtr.golden.bundle import Bundle
 from kdtr.check.compare import Check, Status, compare, worst_status
-from kdtr.golden.reference import score_bounds
-from kdtr.golden.tolerances import conditioning, resolve
+from kdtr.golden.tolerances import resolve
 
 @dataclass
 class CaptureResult:
@@ -140,7 +139,7 @@ def judge(kernel, bundle: Bundle, got, overrides: dict | None = None) -> list[Ch
     if kernel.writes_lse:
         outputs.append(("lse", got.lse, bundle.lse))
     checks = []
-    cond = conditioning(bundle.conditioning, *score_bounds(bundle.problem))  # recorded max |s|, capped by the data
+    cond = bundle.bounds_conditioning  # recorded max |s|, capped by the data
     for name, have, want in outputs:
         tol = resolve(bundle.kv_dtype, bundle.out_dtype, name, bundle.tolerances, (overrides or {}).get(name), cond)
         dtype = bundle.out_dtype if name == "out" else "fp32"

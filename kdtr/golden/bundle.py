@@ -16,6 +16,7 @@ import math
 import os
 import struct
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -83,6 +84,16 @@ class Bundle:
     def conditioning(self) -> dict | None:
         """{"max_abs_score": x} as recorded at generation (validated on load), or None in older bundles."""
         return self.meta.get("conditioning")
+
+    @cached_property
+    def bounds_conditioning(self):
+        """What this case's bounds scale with (kdtr.golden.tolerances.Conditioning): the recorded max |s|, capped
+        by the stored data's Cauchy-Schwarz bound. Computed once per bundle: a pass over every request's keys,
+        which verify --graph would otherwise repeat for each capture it judges."""
+        from kdtr.golden.reference import score_bounds
+        from kdtr.golden.tolerances import conditioning
+
+        return conditioning(self.conditioning, *score_bounds(self.problem))
 
     @property
     def tree_family(self) -> str:
