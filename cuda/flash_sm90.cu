@@ -22,10 +22,15 @@
 //     fragments), computes S = Q K^T, runs the masked online softmax and hands P (bf16) and the
 //     rescale factors to the consumers through shared memory; it issues nothing else, because
 //     instruction issue was its limit (ncu source counters). Warpgroups 1 and 2, the consumers,
-//     each own half of O[64 x 512] (128 fp32 registers), compute O += P V and copy the KV tiles:
-//     S of tile i+1 runs on the tensor cores while the consumers' P V of tile i does.
+//     each own half of O[64 x 512] (128 fp32 registers), compute O += P V and copy the KV tiles.
+//     S first (the 64-row builds): the producer issues S(i+1) once P(i) is stored and before "P full"(i),
+//     so the softmax of tile i+1 runs while the consumers' P V(i) does (a wgmma's issue holds the warp
+//     until the pipe takes it: the producer is busy for about as long as S runs, so only P V can
+//     overlap its softmax). The transposed-rows build keeps S(i) after "P full"(i-1) (its S^T
+//     accumulators beside S's spilled).
 //     setmaxnreg gives the producer 184 registers and the consumers 160 each (3 x 168 at launch).
-//   * KV tiles of BN = 32 keys x 576, 2 stages of 36 KB, in the wgmma 128-byte-swizzle layout: 9
+//   * KV tiles of BN = 32 keys x 576, 4 stages of 36 KB (2 in the all-transposed build, two CTAs an SM),
+//     in the wgmma 128-byte-swizzle layout: 9
 //     slabs of 64 columns, key k's 128-byte row of a slab at k * 128 with its 16-byte chunks XOR-ed
 //     by k % 8. The same bytes are the K-major B of S = Q K^T and the MN-major B of O = P V: only
 //     the descriptors differ. A stage is refilled once both consumers' P V of its tile is done (each
@@ -59,11 +64,10 @@
 //     mma.sync waits for the tensor pipe behind the wgmma in flight, so a 72-row tile costs ~1.8
 //     64-row ones (measured: docs/PERF.md ledger, xr-rows). O^T leaves through shared memory as whole rows.
 //   * Hand-offs are named barriers: "P full" per stage (all 384 threads sync), "tile landed" per
-//     stage (consumers arrive after their copies land, the producer syncs; it also tells the
-//     producer the stage's P buffer is free), "consumers done" (256) and the final statistics.
-//     compute-sanitizer racecheck reported the alpha hand-off although it is ordered (a minimal
-//     kernel with the same protocol is reported too); since the roles split at entry it names no
-//     line on ci.
+//     stage (consumers arrive once their copies land, LEAD tiles ahead; the producer syncs; it also
+//     tells the producer the stage's P buffer is free), "consumers done" (256) and the final
+//     statistics (all 384 sync). compute-sanitizer racecheck reports the rescale-factor and row-sum
+//     hand-offs although bar.sync on both sides orders them (docs/KERNELS.md, the hand-offs).
 //   * The ROWS_EXTRA build hands the 64 rows' rescale factors over early: the producer computes the
 //     rows' maxima, stores alpha and arrives on the stage's mbarrier (every named barrier is taken)
 //     before it computes P, and each consumer warp rescales O there, off the path from "P full" to
@@ -79,10 +83,10 @@
 //   * Epilogue: split partials of the 64-row builds go through the free KV stages, 128 columns a pass,
 //     and leave as 512-byte row pieces, one per warp store (DeepSeek T65 P8k ~1 us faster than each
 //     thread's own 32-byte stores); transposed-row builds and direct outputs store from registers.
-//   Shared memory: 2 x 36 864 (KV) + 8 KB (Q RoPE) + 2 x 4 KB (P) + 9 KB (Q_x) + 2 x 512 B (P_x) + row
-//   factors, tail-tile list and mbarriers = 101 296 B, within sm_120's 99 KB like every kdtr kernel
-//   (static_assert), though only sm_90a has wgmma. The base must be 1 KB aligned (swizzle atoms; no
-//   static shared memory, and the kernel traps if not).
+//   Shared memory: STAGES x (36 864 (KV) + 4 KB (P) + 512 B (P_x)) + 8 KB (Q RoPE) + 9 KB (Q_x) + row
+//   factors, tail-tile list and mbarriers = 184 848 B at 4 stages (the 64-row builds; sm_90a allows
+//   227 KB a CTA) and 101 296 B at 2 (the all-transposed build, two CTAs an SM): static_asserts. The
+//   base must be 1 KB aligned (swizzle atoms; no static shared memory, and the kernel traps if not).
 //
 // How to run
 //   kdtr verify -k flash-sm90 ci     correctness on the committed goldens (needs an sm_90 GPU)
@@ -126,12 +130,17 @@ enum RowLayout : int {
 
 constexpr int BM = 64;                          // query rows per CTA (the wgmma M)
 constexpr int BN = 32;                          // keys per KV tile = bits per mask word
-constexpr int STAGES = 2;                       // KV stages: 3 would pass sm_120's 99 KB (129 KB)
+// KV stages of the 64-row builds: S(i+1) is issued before P(i) is handed over (S_FIRST below), so tile i+1 must have
+// landed while P V(i-1) still reads its own stage, and a refill gets two tiles of time to land
+constexpr int STAGES_TILES = 4;
+constexpr int STAGES_TRANSPOSED = 2;            // ROWS_TRANSPOSED: two CTAs share an SM, four tiles in flight an SM
 constexpr int NTHREADS = 384;                   // producer + 2 consumer warpgroups
 constexpr int PRODUCER_REGS = 184, CONSUMER_REGS = 160;  // setmaxnreg: 184 + 2 * 160 = 3 * 168 (launch)
 constexpr int KSTEPS = KDTR_DK / 16;            // 36 k-steps of S
-constexpr int QREG_KSTEPS = KDTR_DV / 16;       // 32: Q's latent columns in registers; RoPE columns in smem
-constexpr int QROPE_BYTES = BM * 128;           // Q[:, 512:576] as one swizzled slab (8 KB)
+constexpr int QREG_KSTEPS = KDTR_DV / 16;       // 32: Q's latent columns in registers; its RoPE columns in smem
+constexpr int QSMEM_SLABS = (KSTEPS - QREG_KSTEPS) / 4;  // 1 slab of 64 columns
+constexpr int QSMEM_SLAB = BM * 128;            // one swizzled slab of Q (8 KB)
+constexpr int QSMEM_BYTES = QSMEM_SLABS * QSMEM_SLAB;
 constexpr int SLABS = KDTR_DK / 64;             // 9 slabs of 64 columns (128-byte swizzle rows)
 constexpr int SLAB = BN * 128;                  // bytes of one slab of a tile
 constexpr int STAGE_BYTES = SLABS * SLAB;       // 36 864
@@ -143,13 +152,15 @@ constexpr int MAX_TAIL_TILES = MAX_T / BN;      // 40
 constexpr int TMA_BOX_COLS = 64;                // a TMA box: 64 columns (one 128-byte swizzle row) x BN keys
 constexpr int TMA_BOX_SLABS = KDTR_DK / TMA_BOX_COLS;  // x all 9 slabs: one box is one whole tile
 
-// named barriers (0 is __syncthreads: only the ROWS_EXTRA build's tail-tile scan, before the roles split)
-constexpr int BAR_P_FULL = 1;                 // + stage: P of the stage's tile written; all 384 sync
-constexpr int BAR_TILE = BAR_P_FULL + STAGES;   // + stage: the consumers' copies of the stage's tile landed; they arrive, producer syncs
-constexpr int BAR_STATS = BAR_TILE + STAGES;    // final row statistics written (384)
-constexpr int BAR_CONS = BAR_STATS + 1;         // both consumers' P V of a tile done: its stage may be refilled (256)
-constexpr int BAR_XMAX = BAR_CONS + 1;          // S^T's row maxima exchanged between producer warps 0 and 1 (64)
-constexpr int BAR_SCAN = BAR_XMAX + 1;          // the producer's Q slabs landed (128) and the consumers' tail-tile scan done (384)
+// named barriers (0 is __syncthreads: only the ROWS_EXTRA build's tail-tile scan, before the roles split). Every data
+// hand-off is a bar.sync on both sides, which compute-sanitizer racecheck follows; bar.arrive only says "tile landed"
+// (cp.async writes the tile, wgmma reads it: neither is a thread's shared-memory access racecheck tracks).
+constexpr int BAR_STATS = 1;                  // final row statistics written (384)
+constexpr int BAR_CONS = 2;                   // both consumers' P V of a tile done: its stage may be refilled (256)
+constexpr int BAR_XMAX = 3;                   // S^T's row maxima exchanged between producer warps 0 and 1 (64)
+constexpr int BAR_SCAN = 4;                   // the producer's Q slabs landed and the consumers' tail-tile scan done (384)
+constexpr int BAR_P_FULL = 5;                 // + stage: P of the stage's tile written; all 384 sync
+// BAR_P_FULL + STAGES + stage: the consumers' cp.async copies of the stage's tile landed; they arrive, producer syncs
 
 // The transposed rows (ROWS_EXTRA): a CTA whose request has R = 64 k + x rows, 0 < x <= XR_MAX,
 // takes the x rows past its 64 as the N of transposed products, S^T = K Q_x^T (wgmma m64n8k16, A = the
@@ -163,10 +174,12 @@ constexpr int SX_REGS = 64 * XR_MAX / 128;      // 4 fp32 of S^T per producer th
 constexpr int OX_REGS = 16 * XR_MAX / 32;       // 4 fp32 of O^T per consumer thread per m-tile of 16 columns
 constexpr int ROWS = BM + XR_MAX;               // row slots of the per-row shared arrays
 
+template <int STAGES>
 struct Smem {                                   // byte offsets into dynamic shared memory (its base is 1 KB aligned)
   static constexpr int kv = 0;                                      // bf16 [STAGES][SLABS][BN][64], swizzled
-  static constexpr int qrope = kv + STAGES * STAGE_BYTES;           // bf16 [BM][64], swizzled (after the KV stages)
-  static constexpr int ps = qrope + QROPE_BYTES;                    // bf16 [STAGES][BM x BN] core matrices (P per stage)
+  static constexpr int qs = kv + STAGES * STAGE_BYTES;              // bf16 [QSMEM_SLABS][BM][64], swizzled: Q's RoPE
+                                                                    // columns (after the KV stages)
+  static constexpr int ps = qs + QSMEM_BYTES;                       // bf16 [STAGES][BM x BN] core matrices (P per stage)
   static constexpr int qx = ps + STAGES * P_BYTES;                  // bf16 [SLABS][XR_MAX][64], swizzled (Q_x)
   static constexpr int px = qx + QX_BYTES;                          // bf16 [STAGES][XR_MAX x BN] core matrices (P_x)
   static constexpr int alpha = px + STAGES * PX_BYTES;              // float [STAGES][ROWS] rescale of O (and O^T)
@@ -175,18 +188,21 @@ struct Smem {                                   // byte offsets into dynamic sha
   static constexpr int tiles = stats + ROWS * 4;                    // u8 [MAX_TAIL_TILES] live tail tiles
   static constexpr int count = tiles + MAX_TAIL_TILES;              // int
   static constexpr int bars = (count + 4 + 7) & ~7;                 // u64 [STAGES] mbarriers: a TMA tile of the stage landed
-  static constexpr int xmax = stats;                                // float [STAGES][2][XR_MAX]: S^T's two warps' row
-                                                                    // maxima; before stats is written (producer warps 0-1)
+  static constexpr int xmax = stats;                                // float [2][2][XR_MAX]: S^T's two warps' row maxima,
+                                                                    // by tile parity; before stats is written (warps 0-1)
   static constexpr int abars = bars + STAGES * 8;                   // u64 [STAGES] mbarriers: the stage's alpha
                                                                     // written (the early hand-off, ROWS_EXTRA)
   static constexpr int bytes = abars + STAGES * 8;
+
+  static_assert(2 * 2 * XR_MAX <= 32, "xmax fits the stats of producer warps 0-1's rows");
+  static_assert(qx % 1024 == 0 && qs % 1024 == 0, "swizzled operands start on a 1 KB swizzle atom");
+  static_assert(MAX_TAIL_TILES * 4 <= STAGES * ROWS * 4, "the live flags fit the alpha they alias");
+  static_assert(MAX_TAIL_TILES <= 255 && count % 4 == 0, "tail tiles as bytes");
+  static_assert(STAGES >= 2 && BAR_P_FULL + 2 * STAGES <= 16, "2+ stages, within the 16 named barriers");
 };
-static_assert(STAGES * 2 * XR_MAX <= 32, "xmax fits the stats of producer warps 0-1's rows");
-static_assert(Smem::qx % 1024 == 0 && Smem::qrope % 1024 == 0, "swizzled operands start on a 1 KB swizzle atom");
-static_assert(MAX_TAIL_TILES * 4 <= STAGES * ROWS * 4, "the live flags fit the alpha they alias");
-static_assert(MAX_TAIL_TILES <= 255 && Smem::count % 4 == 0, "tail tiles as bytes");
-static_assert(Smem::bytes <= 99 * 1024, "shared memory per block must stay within sm_120's 99 KB");
-static_assert(STAGES >= 2 && BAR_SCAN < 16, "2+ stages, within the 16 named barriers");
+// sm_90a's 227 KB a CTA; the all-transposed build two CTAs to an SM (228 KB an SM, 1 KB of it reserved per CTA)
+static_assert(Smem<STAGES_TILES>::bytes <= 227 * 1024, "the 64-row builds' shared memory within sm_90a's 227 KB a CTA");
+static_assert(2 * (Smem<STAGES_TRANSPOSED>::bytes + 1024) <= 228 * 1024, "two all-transposed CTAs share an SM");
 static_assert(NTHREADS - 128 == BN * 8, "tile copies: one consumer thread per (key, 16-byte chunk) of a 128-byte row");
 static_assert(STAGE_BYTES % 1024 == 0, "every stage starts on a 128-byte-swizzle atom");
 static_assert(TMA_BOX_COLS * 2 == 128 && TMA_BOX_COLS * SLABS == KDTR_DK, "a TMA box row is one 128-byte swizzle row of a slab");
@@ -199,10 +215,11 @@ static_assert(32 * COMBINE_WARPS == 256 && (COMBINE_RED_FLOATS + 1) * 4 <= STAGE
 }  // namespace flash_sm90
 
 // Read by kdtr/kernels/flash/kernel.py (module.get_global) so the launcher never restates these numbers.
-extern "C" __constant__ int kdtr_flash_sm90_config[14] = {
-    flash_sm90::BN, flash_sm90::STAGES, flash_sm90::MAX_T, flash_sm90::Smem::bytes, flash_sm90::NTHREADS,
-    32 * COMBINE_WARPS, COMBINE_MAX_CHUNKS, flash_sm90::TMA_BOX_COLS, flash_sm90::TMA_BOX_SLABS,
-    COMBINE_ROWS_MAX_SPLITS, kdtr::WORK_INTS, kdtr::JOB_INTS, NARROW_BATCH, COMBINE_ROWS_BATCH};
+extern "C" __constant__ int kdtr_flash_sm90_config[15] = {
+    flash_sm90::BN, flash_sm90::STAGES_TILES, flash_sm90::MAX_T, flash_sm90::Smem<flash_sm90::STAGES_TILES>::bytes,
+    flash_sm90::NTHREADS, 32 * COMBINE_WARPS, COMBINE_MAX_CHUNKS, flash_sm90::TMA_BOX_COLS, flash_sm90::TMA_BOX_SLABS,
+    COMBINE_ROWS_MAX_SPLITS, kdtr::WORK_INTS, kdtr::JOB_INTS, NARROW_BATCH, COMBINE_ROWS_BATCH,
+    flash_sm90::Smem<flash_sm90::STAGES_TRANSPOSED>::bytes};
 
 // The KV cache as a TMA tensor (a CUtensorMap, 128 opaque bytes): kdtr/kernels/flash/tma.py encodes it on the host
 // as 3-D bf16 (64 columns, num_pages * page_size slots, 9 slabs; the slab dimension a 128-byte stride),
@@ -346,11 +363,12 @@ __device__ __forceinline__ void quad_transpose(unsigned (&e)[4], int tq) {
 template <int BUG>
 __device__ __forceinline__ void load_q_fragments(unsigned (&qf)[QREG_KSTEPS][4], const __nv_bfloat16* qb, int row, int R,
                                                  int tq, int T, int H) {
-  static_assert(QREG_KSTEPS == 32, "64 chunks of 16 bytes per row: 16 blocks of 4 per quad");
+  static_assert(QREG_KSTEPS % 2 == 0 && QREG_KSTEPS * 16 + QSMEM_SLABS * 64 == KDTR_DK,
+                "2 k-steps = 4 chunks of 16 bytes = one block of 4 per quad; the rest of the row in the Q slabs");
   const uint4* src[2] = {reinterpret_cast<const uint4*>(qb + (long long)kdtr::planted_q_row<BUG>(min(row, R - 1), T, H) * KDTR_DK),
                          reinterpret_cast<const uint4*>(qb + (long long)kdtr::planted_q_row<BUG>(min(row + 8, R - 1), T, H) * KDTR_DK)};
 #pragma unroll
-  for (int m = 0; m < 16; ++m) {
+  for (int m = 0; m < QREG_KSTEPS / 2; ++m) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const uint4 v = src[h][4 * m + tq];
@@ -524,6 +542,17 @@ __global__ void __launch_bounds__(flash_sm90::NTHREADS, XR == flash_sm90::ROWS_T
   // XONLY: the request's 1..XR_MAX rows are all transposed (one row tile): no Q fragments, no S, no P V of
   // 64 padded rows, and the registers left (no setmaxnreg) let two CTAs share an SM, four KV tiles in flight
   constexpr bool XONLY = XR == ROWS_TRANSPOSED, MAIN = !XONLY;
+  // S_FIRST (the 64-row builds): the producer issues S(i+1) once P(i) is stored and before it hands P(i) over, so
+  // S(i+1) goes to the tensor pipe ahead of P V(i) and the softmax of tile i+1 runs while P V(i) does. (A wgmma's
+  // issue holds the issuing warp until the pipe takes it, so S issued before the softmax ran no faster: the pipe
+  // idled through the softmax all the same, docs/PERF.md s-ahead.) Tile i+1 must be in before "P full"(i), so the
+  // consumers say "tile landed" two tiles ahead (LEAD) and the build has four stages. Not with transposed rows: S^T(i+1)'s
+  // accumulators live across the softmax there, and its producer spilled.
+  constexpr bool S_FIRST = MAIN && XR != ROWS_EXTRA;
+  constexpr int STAGES = XONLY ? STAGES_TRANSPOSED : STAGES_TILES, LEAD = S_FIRST ? 2 : 1;
+  static_assert(STAGES > LEAD, "a tile announced LEAD tiles ahead was copied into a stage P V no longer reads");
+  using Smem = flash_sm90::Smem<STAGES>;
+  constexpr int BAR_TILE = BAR_P_FULL + STAGES;  // + stage (see the barrier list)
   extern __shared__ __align__(1024) unsigned char smem[];
   const unsigned base = kdtr::smem_addr(smem);  // Smem offsets from here; TMA and wgmma's swizzle need 1 KB alignment
   if (base & 1023u) __trap();                   // the hardware gives it (no static shared memory); stop loudly if not
@@ -603,18 +632,18 @@ __global__ void __launch_bounds__(flash_sm90::NTHREADS, XR == flash_sm90::ROWS_T
     // =========================== producer: S = Q K^T, softmax ===========================
     if (MAIN) set_max_regs_inc<PRODUCER_REGS>();
 
-    // Q's RoPE columns (one swizzled K-major slab; zeros for the planted no-rope bug and past R) and the
-    // transposed rows' Q_x (9 slabs of 8 rows) by cp.async: in flight with the fragment loads below and
-    // holding no registers. A row past R reads row R - 1 with size 0 (nothing is read, zeros land).
+    // Q's RoPE slab (swizzled K-major; zero for the planted no-rope bug, rows past R zero) and the transposed rows' Q_x (9 slabs of 8 rows) by cp.async: in flight with the fragment
+    // loads below and holding no registers. A row past R reads row R - 1 with size 0 (nothing is read, zeros land).
     const __nv_bfloat16* qb = static_cast<const __nv_bfloat16*>(p.q) + (long long)b * R * KDTR_DK;
-    const unsigned qrope = kv_base + STAGES * STAGE_BYTES;
+    const unsigned qsm = base + Smem::qs;
 #pragma unroll
-    for (int it = 0; it < (MAIN ? BM * 8 / 128 : 0); ++it) {
-      const int idx = it * 128 + wtid, row = idx >> 3, j = idx & 7;
-      kdtr::cp_async16(qrope + row * 128 + ((j ^ (row & 7)) * 16),
+    for (int it = 0; it < (MAIN ? QSMEM_SLABS * BM * 8 / 128 : 0); ++it) {
+      const int idx = it * 128 + wtid, sl = idx / (BM * 8), row = (idx >> 3) % BM, j = idx & 7;
+      kdtr::cp_async16(qsm + sl * QSMEM_SLAB + row * 128 + ((j ^ (row & 7)) * 16),
                        qb + (long long)(BUG == KDTR_BUG_Q_HEAD_MAJOR ? kdtr::planted_q_row<BUG>(min(r0 + row, R - 1), T, H)
-                                                                     : min(r0 + row, R - 1)) * KDTR_DK + KDTR_DV + j * 8,
-                       BUG != KDTR_BUG_NO_ROPE && r0 + row < R);
+                                                                     : min(r0 + row, R - 1)) * KDTR_DK +
+                           QREG_KSTEPS * 16 + sl * 64 + j * 8,
+                       !(BUG == KDTR_BUG_NO_ROPE && sl == QSMEM_SLABS - 1) && r0 + row < R);
     }
     if (XR && has_x) {  // (Q_HEAD_MAJOR copies these rows again below: copy_qx_head_major)
       const unsigned qx = base + Smem::qx;
@@ -650,7 +679,7 @@ __global__ void __launch_bounds__(flash_sm90::NTHREADS, XR == flash_sm90::ROWS_T
     float mx_run[2] = {kdtr::neg_inf(), kdtr::neg_inf()}, lx_run[2] = {0.f, 0.f};
 
     // descriptors: one per operand base; a k-step adds its byte offset / 16 (addresses < 256 KB: no carry)
-    const unsigned long long dq = desc_sw128(qrope, 16, 1024);
+    const unsigned long long dq = desc_sw128(qsm, 16, 1024);
     const unsigned long long dqx = desc_sw128(base + Smem::qx, 16, 1024);
     unsigned tma_phase = 0;  // bit st: parity of stage st's mbarrier for its next TMA tile
     kdtr::Laps laps;
@@ -677,7 +706,7 @@ __global__ void __launch_bounds__(flash_sm90::NTHREADS, XR == flash_sm90::ROWS_T
           for (int ks = 0; ks < KSTEPS; ++ks) {
             const unsigned long long d = dk + (((ks >> 2) * SLAB + (ks & 3) * 32) >> 4);
             if (ks < QREG_KSTEPS) wgmma_m64n32k16<0>(s, qf[ks], d, ks > 0);
-            else wgmma_ss_m64n32k16(s, dq + (((ks - QREG_KSTEPS) * 32) >> 4), d, 1);
+            else wgmma_ss_m64n32k16(s, dq + ((((ks - QREG_KSTEPS) >> 2) * QSMEM_SLAB + ((ks - QREG_KSTEPS) & 3) * 32) >> 4), d, 1);
           }
         }
         if (XR && has_x) {  // S^T[key, n] = K Q_x^T: the tile as A (K-major), Q_x's slab ks / 4 as B, in S's
@@ -692,12 +721,18 @@ __global__ void __launch_bounds__(flash_sm90::NTHREADS, XR == flash_sm90::ROWS_T
         wgmma_commit();
       }
     };
+    float s[S_REGS], sx[SX_REGS];  // S(i) (S^T(i)); S_FIRST: in flight across the loop's back edge
+    if (S_FIRST && n_tiles > 0) {
+      wait_tile(0);
+      issue_s(0, s, sx);
+    }
     for (int i = 0; i < n_tiles; ++i) {
       const int stage = i % STAGES;  // KV stage and P buffer of tile i
-      float s[S_REGS], sx[SX_REGS];
-      wait_tile(i);
-      laps.lap(0);
-      issue_s(i, s, sx);
+      if (!S_FIRST) {
+        wait_tile(i);
+        laps.lap(0);
+        issue_s(i, s, sx);
+      }
       laps.lap(1);
 
       // mask + online softmax (exp2 domain); element e: n8 block e/4, row half h = (e/2)%2, column
@@ -800,7 +835,7 @@ __global__ void __launch_bounds__(flash_sm90::NTHREADS, XR == flash_sm90::ROWS_T
           if (tail_tile) sx[e] = ((wordx[e & 1] >> kx) & 1u) ? sx[e] : kdtr::neg_inf();
           else if (key0 + BN > kp_hi) sx[e] = key0 + kx < kp_hi ? sx[e] : kdtr::neg_inf();
         }
-        float* xm = reinterpret_cast<float*>(smem + Smem::xmax) + stage * 2 * XR_MAX;  // [warp][n]
+        float* xm = reinterpret_cast<float*>(smem + Smem::xmax) + (i & 1) * 2 * XR_MAX;  // [warp][n], by tile parity
         float mx[2];
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
@@ -822,10 +857,10 @@ __global__ void __launch_bounds__(flash_sm90::NTHREADS, XR == flash_sm90::ROWS_T
       laps.lap(2);
 
       // hand P(i) and alpha(i) to the consumers: the buffer of tile i's stage was last read by
-      // P V(i-STAGES), done before tile i was copied (the tile barrier above). P in core matrices: row r, key k at
+      // P V(i-STAGES), done before tile i (and tile i+1) was copied (the tile barriers above). P in core matrices: row r, key k at
       // ((r / 8) * 4 + k / 8) * 128 + (r % 8) * 16 + (k % 8) * 2 (a K-major wgmma A operand).
       {
-        const unsigned pb = kv_base + STAGES * STAGE_BYTES + QROPE_BYTES + stage * P_BYTES;
+        const unsigned pb = base + Smem::ps + stage * P_BYTES;
 #pragma unroll
         for (int e = 0; e < (MAIN ? S_REGS : 0); e += 2) {
           const int row = ww * 16 + g + 8 * ((e >> 1) & 1), j = e >> 2;
@@ -850,10 +885,17 @@ __global__ void __launch_bounds__(flash_sm90::NTHREADS, XR == flash_sm90::ROWS_T
         fence_async_smem();  // P is read by the consumers' wgmma (async proxy)
       }
       laps.lap(3);
+      if (S_FIRST && i + 1 < n_tiles) {  // S(i+1) ahead of P V(i): S(i)'s registers are free once P(i) is stored
+        wait_tile(i + 1);
+        laps.lap(0);
+        issue_s(i + 1, s, sx);
+        laps.lap(1);
+      }
       bar_sync(BAR_P_FULL + stage, NTHREADS);  // measured faster than arriving
       laps.lap(4);
     }
     laps.flush(kdtr::PROFILE_PRODUCER, n_tiles);
+    if (S_FIRST) wgmma_wait<0>();  // nothing is in flight after the last tile, but ptxas cannot tell (it injected this wait)
 
     // final row statistics: l to the consumers, lse written here
     auto write_lse = [&](int r, float m, float l) {
@@ -864,7 +906,7 @@ __global__ void __launch_bounds__(flash_sm90::NTHREADS, XR == flash_sm90::ROWS_T
       else ws_lse[prow(r)] = lse;
     };
     if (XR && has_x && ww < 2) {  // the transposed rows' l: over g, then across warps 0-1 (xmax sits in stats)
-      float* xm = reinterpret_cast<float*>(smem + Smem::xmax) + (n_tiles % STAGES) * 2 * XR_MAX;  // free since P full of tile n_tiles - 1
+      float* xm = reinterpret_cast<float*>(smem + Smem::xmax) + (n_tiles & 1) * 2 * XR_MAX;  // last read before BAR_XMAX of tile n_tiles - 1
       float l[2];
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
@@ -892,7 +934,7 @@ __global__ void __launch_bounds__(flash_sm90::NTHREADS, XR == flash_sm90::ROWS_T
       if (tq == 0 && r < R) write_lse(r, m, l);
     }
     if (MERGE_HERE && !direct) __threadfence();  // lse before the consumers' merge ticket
-    bar_arrive(BAR_STATS, NTHREADS);
+    bar_sync(BAR_STATS, NTHREADS);  // a sync, not an arrive: racecheck follows it (the producer has nothing left to do)
   } else {
     // ================= consumers: tile copies, O[:, c*256..+256] += P V =================
     if (MAIN) set_max_regs_dec<CONSUMER_REGS>();
@@ -979,10 +1021,16 @@ __global__ void __launch_bounds__(flash_sm90::NTHREADS, XR == flash_sm90::ROWS_T
     // latency sat on the consumers' path from P V to "P full")
     KeyRow next = key_slot(STAGES);
     read_next_page(next, STAGES);
+    // tiles 0 .. LEAD-1 landed (cp.async group t is tile t; STAGES groups committed)
     if (n_tiles > 0 && !tma_tile(0)) {
       kdtr::cp_async_wait<STAGES - 1>();  // tile 0
       fence_async_smem();                 // cp.async writes (generic proxy) before wgmma reads (async proxy)
       bar_arrive(BAR_TILE, NTHREADS);
+    }
+    if (LEAD > 1 && n_tiles > 1 && !tma_tile(1)) {
+      kdtr::cp_async_wait<STAGES - 2>();  // tile 1
+      fence_async_smem();
+      bar_arrive(BAR_TILE + 1, NTHREADS);
     }
 
     float acc[O_REGS];  // XONLY: never used (the compiler drops it)
@@ -1014,12 +1062,13 @@ __global__ void __launch_bounds__(flash_sm90::NTHREADS, XR == flash_sm90::ROWS_T
 
     kdtr::Laps laps;
     laps.start();
-    // tile i+1, a cp.async tile copied STAGES-1 tiles ago, landed: the producer may issue S(i+1)
+    // tile i+LEAD, a cp.async tile copied STAGES-LEAD tiles ago, landed: the producer may issue its S (in
+    // iteration i+LEAD-1: S_FIRST issues S(i+2) before "P full"(i+1)). Groups up to tile i+STAGES-1 are committed.
     auto announce_next = [&](int i) {
-      if (i + 1 < n_tiles && !tma_tile(i + 1)) {
-        kdtr::cp_async_wait<STAGES - 2>();
+      if (i + LEAD < n_tiles && !tma_tile(i + LEAD)) {
+        kdtr::cp_async_wait<STAGES - 1 - LEAD>();
         fence_async_smem();
-        bar_arrive(BAR_TILE + (i + 1) % STAGES, NTHREADS);
+        bar_arrive(BAR_TILE + (i + LEAD) % STAGES, NTHREADS);
       }
     };
     for (int i = 0; i < n_tiles; ++i) {
@@ -1043,7 +1092,7 @@ __global__ void __launch_bounds__(flash_sm90::NTHREADS, XR == flash_sm90::ROWS_T
       // P(i) K-major (no swizzle: LBO = 128 along keys, SBO = 512 along rows); V(i) MN-major
       // (LBO = slab stride, 64 columns; SBO = 8 keys)
       const unsigned tile = kv_base + stage * STAGE_BYTES;
-      const unsigned pb = kv_base + STAGES * STAGE_BYTES + QROPE_BYTES + stage * P_BYTES;
+      const unsigned pb = base + Smem::ps + stage * P_BYTES;
       auto o_t = [&] {  // O^T[col, n] += V^T P_x^T: A = V^T by ldmatrix.trans, B = P_x by ldmatrix
         unsigned bq[4];  // P_x's 4 core matrices (keys 8 i .. 8 i + 7): B fragments of both k-steps
         ld_px_fragments(bq, base + Smem::px + stage * PX_BYTES + xb_off);

@@ -35,7 +35,10 @@ def test_shipped_kernels_are_clean_and_read_their_own_launch_constants():
     assert {r["arch"] for r in rows if r["label"] == "flash"} == {"sm_80", "sm_90", "sm_120"}
     assert {r["arch"] for r in rows if r["label"] == "flash-sm90"} == {"sm_90a"}
     main90 = [r for r in rows if r["kernel"].startswith("kdtr_flash_sm90_verify<")]
-    assert main90 and all(64 * 1024 < r["dynamic_smem"] <= 99 * 1024 for r in main90)  # the 99 KB rule, read back
+    # sm_90a's 227 KB a CTA, read back; the all-transposed build ({xr} = 1) two CTAs to an SM's 228 KB
+    assert main90 and all(64 * 1024 < r["dynamic_smem"] <= 227 * 1024 for r in main90)
+    transposed = [r for r in main90 if r["kernel"].endswith(", 1>")]
+    assert transposed and all(2 * (r["dynamic_smem"] + 1024) <= 228 * 1024 for r in transposed)
     assert all(r["dynamic_smem"] == 0 for r in rows if r["kernel"].startswith("kdtr_flash_combine"))
     naive = [r for r in rows if r["label"] == "naive"]
     assert len(naive) == 4 * 3 and len({r["dynamic_smem"] for r in naive}) == 1 and naive[0]["dynamic_smem"] > 48 * 1024
@@ -50,7 +53,8 @@ def test_config_arrays_read_from_the_cubin_match_the_python_side():
         c = nvrtc.compile_file(variant.source, [combine.COMBINE.format(out="float")], variant.arch or "sm_80")
         cfg = variant.read_config(lambda symbol, n: cubin.global_ints(c.cubin, symbol, n))
         assert cfg["MAX_T"] == caps.max_T, base
-        assert all(cfg[f"SMEM_MT{mt}"] <= 99 * 1024 for mt in variant.mts), (base, cfg)
+        limit = 227 * 1024 if variant.arch == "sm_90a" else 99 * 1024  # sm_90a only, or within sm_120's 99 KB
+        assert all(cfg[f"SMEM_MT{mt}"] <= limit for mt in variant.mts), (base, cfg)
         assert cubin.global_ints(c.cubin, "no_such_symbol", 4) is None
         if "WORK_INTS" in cfg:  # the work / job tables kdtr/kernels/flash/schedule.py writes for the kernel's work table
             from kdtr.kernels.flash.schedule import JOB_FIELDS, WORK_FIELDS

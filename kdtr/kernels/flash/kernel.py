@@ -45,7 +45,8 @@ class FlashVariant:
     config_symbol: str
     """extern "C" __constant__ int array holding the tile constants, in config_fields order."""
     config_fields: tuple[str, ...]
-    """Names of that array's entries; SMEM_MT{mt} / THREADS_MT{mt} give each row tile's launch."""
+    """Names of that array's entries; SMEM_MT{mt} / THREADS_MT{mt} give each row tile's launch, SMEM_TRANSPOSED
+    (where present) the all-transposed build's (RowLayout.TRANSPOSED: fewer KV stages, two CTAs to an SM)."""
     mts: tuple[int, ...]
     """Row tiles (m-tiles of 16 rows) it is instantiated for."""
     arch: str | None = None
@@ -71,10 +72,11 @@ class FlashVariant:
         return dict(zip(self.config_fields, read_ints(self.config_symbol, len(self.config_fields))))
 
     @staticmethod
-    def launch_shape(config: dict, mt: int) -> tuple[int, int]:
-        """(threads, dynamic shared memory bytes) of the main kernel on row tile ``mt``, from the
-        build's config array."""
-        return config[f"THREADS_MT{mt}"], config[f"SMEM_MT{mt}"]
+    def launch_shape(config: dict, mt: int, xr: int = RowLayout.TILES) -> tuple[int, int]:
+        """(threads, dynamic shared memory bytes) of the main kernel on row tile ``mt`` and row layout ``xr``,
+        from the build's config array."""
+        transposed = xr == RowLayout.TRANSPOSED and "SMEM_TRANSPOSED" in config
+        return config[f"THREADS_MT{mt}"], config["SMEM_TRANSPOSED" if transposed else f"SMEM_MT{mt}"]
 
     def dynamic_smem(self, name_expression: str, config: dict) -> int:
         """Dynamic shared memory a launch of kernel ``name_expression`` asks for (what
@@ -84,8 +86,10 @@ class FlashVariant:
         head = self.main.split("<")[0] + "<"
         if not name_expression.startswith(head):
             return 0
-        mt = self.mts[0] if len(self.mts) == 1 else int(name_expression[len(head):].split(",")[0])
-        return self.launch_shape(config, mt)[1]
+        args = [a.strip() for a in name_expression[len(head):].rstrip(">").split(",")]
+        mt = self.mts[0] if len(self.mts) == 1 else int(args[0])
+        xr = int(args[-1]) if self.extra_rows else RowLayout.TILES
+        return self.launch_shape(config, mt, xr)[1]
 
 
 FLASH = FlashVariant(
@@ -97,7 +101,8 @@ FLASH_SM90 = FlashVariant(
     "flash-sm90", CUDA_DIR / "flash_sm90.cu", "kdtr_flash_sm90_verify<{out}, {bug}, {merge}, {xr}>",
     "kdtr_flash_sm90_config",
     ("BN", "STAGES", "MAX_T", "SMEM_MT4", "THREADS_MT4", "COMBINE_THREADS", "COMBINE_MAX_CHUNKS", "TMA_BOX_COLS",
-     "TMA_BOX_SLABS", "COMBINE_ROWS_MAX_SPLITS", "WORK_INTS", "JOB_INTS", "NARROW_BATCH", "COMBINE_ROWS_BATCH"), (4,),
+     "TMA_BOX_SLABS", "COMBINE_ROWS_MAX_SPLITS", "WORK_INTS", "JOB_INTS", "NARROW_BATCH", "COMBINE_ROWS_BATCH",
+     "SMEM_TRANSPOSED"), (4,),
     "sm_90a", merges_in_kernel=True, kv_tensor_map=True, extra_rows=int(RowLayout.EXTRA), tile_ns=1060.0)
 
 
@@ -151,10 +156,9 @@ class FlashKernel:
         shape, bug = Shape.of(pr), kernel_bug(Bug(self.bug))
         mt = force.mt or v.mt_for(shape.rows)
         out_t, cfg = CTYPES[dp.out_dtype], self.config()
-        threads, smem = v.launch_shape(cfg, mt)
 
         def resident(xr: RowLayout) -> int:  # CTAs per SM of a build (the merges and work table keep its bounds)
-            return self._per_sm(v.main.format(mt=mt, out=out_t, bug=bug, merge=0, xr=int(xr)), threads, smem, info)
+            return self._per_sm(v.main.format(mt=mt, out=out_t, bug=bug, merge=0, xr=int(xr)), *v.launch_shape(cfg, mt, xr), info)
 
         transposed = (v.extra_rows and force.xr is not False and force.merge is not Merge.IN_KERNEL
                       and 0 < shape.rows <= v.extra_rows)
@@ -168,6 +172,7 @@ class FlashKernel:
         splits = self._split_table(pl.model.table(shape.capacity))
         sched = self._sched(splits, cfg)
         main = self._load(v.main.format(mt=mt, out=out_t, bug=bug, merge=int(pl.merge), xr=int(pl.xr)))
+        threads, smem = v.launch_shape(cfg, mt, pl.xr)
         steps = [Step(main, pl.grid, (threads, 1, 1), smem, (*self._tensor_map_args(dp, cfg), sched), (splits,))]
         if pl.splits > 1 and pl.merge is not Merge.IN_KERNEL:
             name, grid, merge_threads = combine_launch(
