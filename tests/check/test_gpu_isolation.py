@@ -102,10 +102,10 @@ def test_builtin_kernels_are_clean_under_the_sanitizer(tmp_path, kernel, tool):
 
 FLASH_SM90_HANDOFFS = ("alpha_s[", "stats[", "P_x hand-off")
 """flash-sm90's producer -> consumer hand-offs through shared memory that racecheck reports although
-named barriers order them: the rescale factors (written after "tile landed", read after "P full"),
-the final row sums (bar.arrive -> bar.sync) and the transposed rows' P_x (same barriers as the
-rescale factors; its two lines say so). A minimal kernel with the same protocol is reported the same
-way (docs/KERNELS.md, the hand-offs)."""
+named barriers order them: the rescale factors (written before "P full", read after it; rewritten a
+full "P full" later), the final row sums (a bar.sync of all 384 threads on both sides) and the
+transposed rows' P_x (the same barriers as the rescale factors; its two lines say so). docs/KERNELS.md,
+the hand-offs."""
 
 
 def assert_only_known_handoffs(rep):
