@@ -103,10 +103,25 @@ def sglang_root() -> Path | None:
     return Path(list(spec.submodule_search_locations)[0])
 
 
-@lru_cache(maxsize=1)
 def load():
     """SGLang's extend_attention_fwd (the module docstring says how it is loaded); SglangUnavailable, one line, with
-    what is missing."""
+    what is missing. Looked for once a process, found or not."""
+    fn, why = _outcome()
+    if fn is None:
+        raise SglangUnavailable(why)
+    return fn
+
+
+@lru_cache(maxsize=1)
+def _outcome():
+    """(extend_attention_fwd, None), or (None, why it cannot be loaded): a failure is remembered as a success is."""
+    try:
+        return _load_kernel(), None
+    except SglangUnavailable as e:
+        return None, str(e)
+
+
+def _load_kernel():
     root = sglang_root()
     if root is None:
         raise SglangUnavailable("sglang is not installed (pip install 'kdtr[sglang]', or pip install --no-deps sglang)")

@@ -34,7 +34,7 @@ def test_without_sglang_the_reason_is_one_line_and_the_baseline_skips_with_it(mo
     from kdtr.bench.baselines import baseline
 
     monkeypatch.setattr(sglang_triton, "sglang_root", lambda: None)
-    sglang_triton.load.cache_clear()
+    sglang_triton._outcome.cache_clear()
     try:
         why = sglang_triton.unavailable_reason()
         assert why.startswith("sglang is not installed") and "\n" not in why
@@ -43,7 +43,20 @@ def test_without_sglang_the_reason_is_one_line_and_the_baseline_skips_with_it(mo
         with pytest.raises(sglang_triton.SglangUnavailable):
             sglang_triton.extend_attention(*[None] * 10, scale=0.1, out_dtype="bf16")
     finally:
-        sglang_triton.load.cache_clear()
+        sglang_triton._outcome.cache_clear()
+
+
+def test_a_failed_load_is_looked_for_once(monkeypatch):
+    calls = []
+    monkeypatch.setattr(sglang_triton, "sglang_root", lambda: calls.append(1))
+    sglang_triton._outcome.cache_clear()
+    try:
+        for _ in range(3):
+            with pytest.raises(sglang_triton.SglangUnavailable, match="not installed"):
+                sglang_triton.load()
+        assert sglang_triton.unavailable_reason().startswith("sglang is not installed") and len(calls) == 1
+    finally:
+        sglang_triton._outcome.cache_clear()
 
 
 def test_an_unknown_baseline_names_sglang_triton_among_the_known():
@@ -56,7 +69,7 @@ def test_an_unknown_baseline_names_sglang_triton_among_the_known():
 def test_a_package_without_the_kernel_file_is_a_clear_reason(tmp_path, monkeypatch):
     (tmp_path / "sglang").mkdir()
     monkeypatch.setattr(sglang_triton, "sglang_root", lambda: tmp_path / "sglang")
-    sglang_triton.load.cache_clear()
+    sglang_triton._outcome.cache_clear()
     try:
         why = sglang_triton.unavailable_reason()
         if importlib.util.find_spec("torch") and importlib.util.find_spec("triton"):
@@ -64,7 +77,7 @@ def test_a_package_without_the_kernel_file_is_a_clear_reason(tmp_path, monkeypat
         else:
             assert "needs torch" in why or "needs triton" in why
     finally:
-        sglang_triton.load.cache_clear()
+        sglang_triton._outcome.cache_clear()
 
 
 INTERPRETED = """
