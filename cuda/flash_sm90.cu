@@ -153,8 +153,8 @@ constexpr int TMA_BOX_COLS = 64;                // a TMA box: 64 columns (one 12
 constexpr int TMA_BOX_SLABS = KDTR_DK / TMA_BOX_COLS;  // x all 9 slabs: one box is one whole tile
 
 // named barriers (0 is __syncthreads: only the ROWS_EXTRA build's tail-tile scan, before the roles split). Every data
-// hand-off is a bar.sync on both sides, which compute-sanitizer racecheck follows; bar.arrive only says "tile landed"
-// (cp.async writes the tile, wgmma reads it: neither is a thread's shared-memory access racecheck tracks).
+// hand-off between the roles is a bar.sync on both sides; bar.arrive only says "tile landed" (cp.async wrote the tile,
+// wgmma reads it) and "tail list ready".
 constexpr int BAR_STATS = 1;                  // final row statistics written (384)
 constexpr int BAR_CONS = 2;                   // both consumers' P V of a tile done: its stage may be refilled (256)
 constexpr int BAR_XMAX = 3;                   // S^T's row maxima exchanged between producer warps 0 and 1 (64)
@@ -934,7 +934,7 @@ __global__ void __launch_bounds__(flash_sm90::NTHREADS, XR == flash_sm90::ROWS_T
       if (tq == 0 && r < R) write_lse(r, m, l);
     }
     if (MERGE_HERE && !direct) __threadfence();  // lse before the consumers' merge ticket
-    bar_sync(BAR_STATS, NTHREADS);  // a sync, not an arrive: racecheck follows it (the producer has nothing left to do)
+    bar_sync(BAR_STATS, NTHREADS);  // a sync on both sides like every hand-off (the producer has nothing left to do)
   } else {
     // ================= consumers: tile copies, O[:, c*256..+256] += P V =================
     if (MAIN) set_max_regs_dec<CONSUMER_REGS>();
