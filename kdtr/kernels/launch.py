@@ -196,10 +196,9 @@ class Loaded:
 _MODULES: dict[str, object] = {}
 
 
-def load_function(source_path, name_expression: str, arch: str | None = None, options=(), dependent: bool = False) -> Loaded:
-    """Compile (or take from the cubin cache) one kernel for this device and load it."""
-    cp = cupy_module()
-    compiled = nvrtc.compile_file(source_path, [name_expression], arch or device_arch(), options=tuple(options))
+def _module(compiled: nvrtc.Compiled):
+    """The loaded module of a compiled build, loaded once a process (from the cubin cache, or from a private
+    copy where the cache is not writable)."""
     if compiled.key not in _MODULES:
         path = compiled.path
         if path is None:  # cache not writable: a private copy
@@ -209,8 +208,14 @@ def load_function(source_path, name_expression: str, arch: str | None = None, op
             with open(fd, "wb") as f:
                 f.write(compiled.cubin)
             path = Path(tmp)
-        _MODULES[compiled.key] = cp.RawModule(path=str(path))
-    module = _MODULES[compiled.key]
+        _MODULES[compiled.key] = cupy_module().RawModule(path=str(path))
+    return _MODULES[compiled.key]
+
+
+def load_function(source_path, name_expression: str, arch: str | None = None, options=(), dependent: bool = False) -> Loaded:
+    """Compile (or take from the cubin cache) one kernel for this device and load it."""
+    compiled = nvrtc.compile_file(source_path, [name_expression], arch or device_arch(), options=tuple(options))
+    module = _module(compiled)
     try:
         consts = read_global_ints(module, "kdtr_launch", 4)
     except Exception:  # no kdtr_launch in this file (CUDA_ERROR_NOT_FOUND)
@@ -221,19 +226,8 @@ def load_function(source_path, name_expression: str, arch: str | None = None, op
 def load_source(source_text: str, name_expression: str, name: str, arch: str | None = None) -> Loaded:
     """load_function for a kernel whose source kdtr holds as text (a helper kernel, e.g. kdtr/kernels/serving.py's
     block-table gather): compiled through kdtr's NVRTC and its cubin cache, loaded once per build."""
-    cp = cupy_module()
     compiled = nvrtc.compile_cuda(source_text, [name_expression], arch or device_arch(), name=name)
-    if compiled.key not in _MODULES:
-        if compiled.path is not None:
-            _MODULES[compiled.key] = cp.RawModule(path=str(compiled.path))
-        else:  # cache not writable: a private copy
-            import tempfile
-
-            fd, tmp = tempfile.mkstemp(suffix=".cubin")
-            with open(fd, "wb") as f:
-                f.write(compiled.cubin)
-            _MODULES[compiled.key] = cp.RawModule(path=tmp)
-    module = _MODULES[compiled.key]
+    module = _module(compiled)
     return Loaded(module.get_function(compiled.lowered[name_expression]), module, compiled, DEFAULT_LAUNCH)
 
 
@@ -286,12 +280,8 @@ def make_launcher(dp: DeviceProblem, steps: list[Step], workspace_bytes: int = 0
     baked = cp.asarray(np.ascontiguousarray(dp.problem.prefix_lens, np.int32)) if baked_lengths else None
     arg = abi.as_kernel_arg(dp.params(ws.data.ptr if ws is not None else 0, num_splits,
                                       None if baked is None else baked.data.ptr))
-    launches = [(s.loaded, tuple(s.grid), tuple(s.block), s.smem, (arg, *s.args)) for s in steps]
-    for loaded, _, _, smem, _ in launches:
-        if smem > _STATIC_SMEM_LIMIT:
-            loaded.function.max_dynamic_shared_size_bytes = smem
-    calls = [_dependent_call(*step) if i and step[0].dependent and pdl_enabled() else _plain_call(*step)
-             for i, step in enumerate(launches)]
+    allow_smem(steps)
+    calls = step_calls(steps, arg)
 
     def go():
         stream = cp.cuda.get_current_stream().ptr
@@ -387,8 +377,37 @@ def pdl_enabled() -> bool:
     return int(device_info()["cc"][3:]) >= 90
 
 
+def allow_smem(steps) -> None:
+    """Let each step's kernel take the dynamic shared memory it launches with (past the 48 KB default)."""
+    for s in steps:
+        if s.smem > _STATIC_SMEM_LIMIT:
+            s.loaded.function.max_dynamic_shared_size_bytes = s.smem
+
+
+def step_calls(steps, params, step_args=lambda s: s.args, external: bool = False) -> list:
+    """One callable(stream_ptr) per step, its arguments packed now: KdtrParams ``params``, then the step's own
+    (``step_args(step)``). A later step that opens with pdl_wait is launched dependent on the one before where the
+    device allows it (kdtr/kernels/pdl.py); the others are plain launches on cupy's current stream or, with
+    ``external``, on the stream at stream_ptr (one kdtr does not own: a server's)."""
+    calls = []
+    for i, s in enumerate(steps):
+        step = (s.loaded, tuple(s.grid), tuple(s.block), s.smem, (params, *step_args(s)))
+        if i and s.loaded.dependent and pdl_enabled():
+            calls.append(_dependent_call(*step))
+        else:
+            calls.append(_external_call(*step) if external else _plain_call(*step))
+    return calls
+
+
 def _plain_call(loaded, grid, block, smem, args):
     return lambda stream: loaded.function(grid, block, args, shared_mem=smem)
+
+
+def _external_call(loaded, grid, block, smem, args):
+    def go(stream_ptr: int) -> None:
+        with external_stream(stream_ptr):  # cupy launches on its current stream
+            loaded.function(grid, block, args, shared_mem=smem)
+    return go
 
 
 def _dependent_call(loaded, grid, block, smem, args):
@@ -472,6 +491,6 @@ class CudaKernel:
 __all__ = [
     "CTYPES", "CaptureError", "CudaGraph", "CudaKernel", "GraphRun", "capture", "capture_kernel", "DeviceProblem", "GpuUnavailable", "KernelRuntimeError", "Launch", "Loaded",
     "RunOutput", "Step", "device_arch", "device_info", "gpu_available", "gpu_unavailable_reason",
-    "device_ints", "external_stream", "launch_from_constants", "launch_kernels", "make_launcher", "load_function",
-    "load_source", "read_global_ints",
+    "allow_smem", "device_ints", "external_stream", "launch_from_constants", "launch_kernels", "make_launcher",
+    "load_function", "load_source", "read_global_ints", "step_calls",
 ]

@@ -24,9 +24,7 @@ import numpy as np
 
 from kdtr.inputs.presets import DK
 from kdtr.kernels import contract as abi
-from kdtr.kernels.launch import (
-    external_stream, function_ptr, load_source, pdl_enabled, _STATIC_SMEM_LIMIT,
-)
+from kdtr.kernels.launch import allow_smem, external_stream, load_source, step_calls
 from kdtr.kernels.launch_types import Step
 
 GATHER_SOURCE = r"""
@@ -127,9 +125,7 @@ class ServingLaunch:
             pages = max(1, -(-PLACEHOLDER_TOKENS // self.page_size))  # a cache any tensor-map box fits
             dp = ShapeProblem(B, self.T, self.H, self.max_pages, self.page_size, self.kv_dtype, self.out_dtype, pages)
             steps, ws, splits = self.kernel.steps(dp)
-            for s in steps:
-                if s.smem > _STATIC_SMEM_LIMIT:
-                    s.loaded.function.max_dynamic_shared_size_bytes = s.smem
+            allow_smem(steps)
             self.plans[B] = BatchPlan(B, steps, int(ws), int(splits))
         return self.plans[B]
 
@@ -180,15 +176,7 @@ class ServingLaunch:
                 tree_mask=bufs.tree_mask, out=bufs.out, lse=bufs.lse, workspace=bufs.workspace, B=B, T=self.T,
                 H=self.H, page_size=self.page_size, max_pages=bufs.max_pages, mask_words=words,
                 num_pages=bufs.num_pages, num_splits=pl.num_splits, scale=self.scale))
-            calls = []
-            for i, s in enumerate(pl.steps):
-                args = (params, *self._args(s, bufs))
-                if i and s.loaded.dependent and pdl_enabled():
-                    from kdtr.kernels import pdl
-
-                    calls.append(pdl.prepare(function_ptr(s.loaded.function), s.grid, s.block, s.smem, args))
-                else:
-                    calls.append(_plain(s, args))
+            calls = step_calls(pl.steps, params, lambda s: self._args(s, bufs), external=True)
             if len(self._calls) >= 4096:  # a server's layers x batch sizes stay far below; new buffers each call do not
                 self._calls.clear()
             self._calls[key] = calls
@@ -198,12 +186,3 @@ class ServingLaunch:
         """Enqueue the verify of B requests on the stream at ``stream_ptr``: packs pointers, nothing else."""
         for call in self._prepare(B, bufs):
             call(stream_ptr)
-
-
-def _plain(step: Step, args):
-    fn, grid, block, smem = step.loaded.function, tuple(step.grid), tuple(step.block), step.smem
-
-    def go(stream_ptr: int) -> None:
-        with external_stream(stream_ptr):  # cupy launches on its current stream
-            fn(grid, block, args, shared_mem=smem)
-    return go

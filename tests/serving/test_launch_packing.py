@@ -46,14 +46,15 @@ class StandIn:
 
 @pytest.fixture
 def verify(monkeypatch):
-    from kdtr.kernels import serving
+    from kdtr.kernels import launch, serving
     from kdtr.serving import op
     from kdtr.serving.verify import TreeVerify
 
     log = []
     monkeypatch.setattr(serving, "load_source", lambda src, expr, name: Recorded(expr, log))
-    monkeypatch.setattr(serving, "external_stream", lambda ptr: contextlib.nullcontext())
-    monkeypatch.setattr(serving, "pdl_enabled", lambda: False)
+    for module in (serving, launch):  # the gather's launch, and the steps' (launch.step_calls)
+        monkeypatch.setattr(module, "external_stream", lambda ptr: contextlib.nullcontext())
+    monkeypatch.setattr(launch, "pdl_enabled", lambda: False)
     cfg = VerifyConfig(T=9, H=2, max_batch=4, max_context=100, page_size=1, scale=0.125)
     kernel = StandIn(log)
     tv = TreeVerify.__new__(TreeVerify)
