@@ -153,11 +153,7 @@ def _load_kernel():
 
 def unavailable_reason() -> str | None:
     """Why SGLang's kernel cannot be loaded here (one line), or None when it can."""
-    try:
-        load()
-        return None
-    except SglangUnavailable as e:
-        return str(e)
+    return _outcome()[1]
 
 
 def extend_attention(q, k_buffer, v_buffer, kv_indptr, kv_indices, k_extend, v_extend, qo_indptr, custom_mask,

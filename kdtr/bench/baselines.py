@@ -154,26 +154,17 @@ class SglangTritonBaseline:
     def prepare(self, dp, workspace=None):
         import torch
 
-        from kdtr.adapters.sglang import to_sglang
         from kdtr.adapters.sglang_triton import extend_attention
-        from kdtr.kernels.python import SGLANG_ARGS
+        from kdtr.kernels.python import PyCallableKernel
 
-        pr = dp.download_inputs()
-        batch = to_sglang(pr)
-        dev = {}
-        for k in SGLANG_ARGS:
-            a = getattr(batch, k)
-            if k in ("v_buffer", "v_extend"):
-                continue
-            t = torch.from_numpy(np.ascontiguousarray(a).view(np.int16) if a.dtype.name == "bfloat16" else np.ascontiguousarray(a))
-            dev[k] = t.to("cuda").view(torch.bfloat16) if a.dtype.name == "bfloat16" else t.to("cuda")
-        dev["v_buffer"], dev["v_extend"] = dev["k_buffer"][..., :DV], dev["k_extend"][..., :DV]  # views, as SGLang's
-        args = [dev[k] for k in SGLANG_ARGS]
+        # SGLang's tensors as kdtr bench makes them for any callable of its layout (torch views of device copies)
+        args = PyCallableKernel(extend_attention, self.name).prepare(dp).args
+        pr = dp.problem
         out = torch.empty(pr.B * pr.T, pr.H, DV, dtype=torch.float32 if dp.out_dtype == "fp32" else torch.bfloat16,
                           device="cuda")
         scale, out_dtype = float(pr.scale), dp.out_dtype
 
-        def go():
+        def go():  # into the one output made here, as a server's preallocated buffer
             extend_attention(*args, scale=scale, out_dtype=out_dtype, out=out)
 
         go.out, go.args = out, args
