@@ -71,6 +71,17 @@ def _tensors(torch, B=3, T=9, H=16, out_dtype=None, **change):
     return t
 
 
+@pytest.fixture
+def handle():
+    """A TreeVerify registered with the custom op for checks only, released after the test."""
+    pytest.importorskip("torch")
+    from kdtr.serving import op
+
+    h = op.register(VerifyConfig(**GOOD))
+    yield h
+    op.release(h)
+
+
 @pytest.mark.parametrize("bad, words", [
     (lambda torch: dict(out=torch.empty(26, 16, 512, dtype=torch.bfloat16)), "out must be"),
     (lambda torch: dict(q=torch.empty(27, 16, 576)), "q must be"),
@@ -81,59 +92,48 @@ def _tensors(torch, B=3, T=9, H=16, out_dtype=None, **change):
     (lambda torch: dict(lse=torch.empty(27, 16, dtype=torch.float64)), "lse must be"),
     (lambda torch: dict(block_table=torch.empty(2, 1000, dtype=torch.int32)), "block_table has 2 rows"),
 ])
-def test_the_ops_fake_implementation_checks_shapes_and_dtypes(bad, words):
-    torch = pytest.importorskip("torch")
+def test_the_ops_fake_implementation_checks_shapes_and_dtypes(handle, bad, words):
+    import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from kdtr.serving import op
 
-    handle = op.register(VerifyConfig(**GOOD))
     tree_verify = op.tree_verify_op()
-    try:
+    with FakeTensorMode():
+        good = _tensors(torch)
+        assert tree_verify(handle, **good) is None  # writes nothing, returns nothing
+        with pytest.raises(InputError, match=words):
+            tree_verify(handle, **{**good, **bad(torch)})
+    with pytest.raises(InputError, match="no TreeVerify with handle"):
         with FakeTensorMode():
-            good = _tensors(torch)
-            assert tree_verify(handle, **good) is None  # writes nothing, returns nothing
-            with pytest.raises(InputError, match=words):
-                tree_verify(handle, **{**good, **bad(torch)})
-        with pytest.raises(InputError, match="no TreeVerify with handle"):
-            with FakeTensorMode():
-                tree_verify(handle + 1000, **_tensors(torch))
-    finally:
-        op.release(handle)
+            tree_verify(handle + 1000, **_tensors(torch))
 
 
-def test_the_op_traces_as_one_call_that_writes_out_lse_and_workspace():
-    torch = pytest.importorskip("torch")
+def test_the_op_traces_as_one_call_that_writes_out_lse_and_workspace(handle):
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+
     from kdtr.serving import op
 
-    handle = op.register(VerifyConfig(**GOOD))
-    try:
-        schema = op.tree_verify_op().default._schema
-        written = {a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write}
-        assert written == {"out", "lse", "workspace"}
-        assert [a.name for a in schema.arguments][:2] == ["handle", "q"] and not schema.returns
+    schema = op.tree_verify_op().default._schema
+    written = {a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write}
+    assert written == {"out", "lse", "workspace"}
+    assert [a.name for a in schema.arguments][:2] == ["handle", "q"] and not schema.returns
 
-        def layer(t):
-            torch.ops.kdtr.tree_verify(handle, **t)
-            return t["out"].float().sum()
+    def layer(t):
+        torch.ops.kdtr.tree_verify(handle, **t)
+        return t["out"].float().sum()
 
-        from torch._subclasses.fake_tensor import FakeTensorMode
-        from torch.fx.experimental.proxy_tensor import make_fx
-
-        with FakeTensorMode():
-            gm = make_fx(layer)(_tensors(torch))
-        assert "kdtr.tree_verify" in gm.code
-    finally:
-        op.release(handle)
+    with FakeTensorMode():
+        gm = make_fx(layer)(_tensors(torch))
+    assert "kdtr.tree_verify" in gm.code
 
 
-def test_a_checks_only_handle_refuses_to_launch():
-    torch = pytest.importorskip("torch")
+def test_a_checks_only_handle_refuses_to_launch(handle):
+    import torch
+
     from kdtr.serving import op
 
-    handle = op.register(VerifyConfig(**GOOD))
-    try:
-        with pytest.raises(InputError, match="registered for checks only"):
-            op.tree_verify_op()(handle, **_tensors(torch))
-    finally:
-        op.release(handle)
+    with pytest.raises(InputError, match="registered for checks only"):
+        op.tree_verify_op()(handle, **_tensors(torch))
