@@ -183,23 +183,23 @@ __global__ void __launch_bounds__(flash::Tile<MT>::NTHREADS, 1) kdtr_flash_verif
   auto tile_key0 = [&](int i) { return i < n_pre ? kp_lo + i * BN : P + tail_tiles[i - n_pre]; };
 
   // Each thread copies chunks of one key row (TPK threads per key), so the block table is read
-  // once per thread and tile, not once per 16-byte chunk.
+  // once per thread and tile, not once per 16-byte chunk; a tile's row is looked up one tile before
+  // its copy is issued, so the block-table load's latency hides behind a tile's products.
   constexpr int TPK = NTHREADS / BN;
-  auto load_tile = [&](int i, int stage) {
-    const int key = tid / TPK;
-    const int j = tile_key0(i) + key;
-    const bool valid = j < (i < n_pre ? kp_hi : P + T);  // keys past the range are zero-filled
-    const __nv_bfloat16* src = kv;
-    if (valid) {
-      const int jt = kdtr::planted_token<BUG>(j, P);  // j but for planted bugs
-      const int page_index = min((BUG == KDTR_BUG_PAGE_OFF_BY_ONE ? jt + 1 : jt) / p.page_size, p.max_pages - 1);
-      if constexpr (BUG == KDTR_BUG_BLOCK_TABLE_STRIDE)
-        src = kv + kdtr::kv_page_row(p, p.block_table[kdtr::block_table_row<BUG>(p, b, P) + page_index], jt % p.page_size);
-      else
-        src = kv + kdtr::kv_row_offset(p, b, page_index, jt % p.page_size);
-    }
-    const unsigned dst = smem_addr(smem + S::kv + stage * STAGE_BYTES + key * ROW_BYTES);
-    for (int ch = tid % TPK; ch < CHUNKS; ch += TPK) cp_async16(dst + ch * 16, valid ? src + ch * 8 : kv, valid);
+  auto tile_row = [&](int i) -> const __nv_bfloat16* {  // this thread's key row of tile i; nullptr: zero-filled
+    if (i >= n_tiles) return nullptr;
+    const int j = tile_key0(i) + tid / TPK;
+    if (j >= (i < n_pre ? kp_hi : P + T)) return nullptr;  // keys past the range are zero-filled
+    const int jt = kdtr::planted_token<BUG>(j, P);  // j but for planted bugs
+    const int page_index = min((BUG == KDTR_BUG_PAGE_OFF_BY_ONE ? jt + 1 : jt) / p.page_size, p.max_pages - 1);
+    if constexpr (BUG == KDTR_BUG_BLOCK_TABLE_STRIDE)
+      return kv + kdtr::kv_page_row(p, p.block_table[kdtr::block_table_row<BUG>(p, b, P) + page_index], jt % p.page_size);
+    else
+      return kv + kdtr::kv_row_offset(p, b, page_index, jt % p.page_size);
+  };
+  auto load_tile = [&](const __nv_bfloat16* src, int stage) {
+    const unsigned dst = smem_addr(smem + S::kv + stage * STAGE_BYTES + (tid / TPK) * ROW_BYTES);
+    for (int ch = tid % TPK; ch < CHUNKS; ch += TPK) cp_async16(dst + ch * 16, src ? src + ch * 8 : kv, src != nullptr);
   };
 
   // ---- Q fragments in registers: rows rg*16.., k-steps kg*9.. ----
@@ -241,17 +241,19 @@ __global__ void __launch_bounds__(flash::Tile<MT>::NTHREADS, 1) kdtr_flash_verif
 
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {
-    if (s < n_tiles) load_tile(s, s);
+    if (s < n_tiles) load_tile(tile_row(s), s);
     cp_async_commit();
   }
+  const __nv_bfloat16* next_row = tile_row(STAGES - 1);  // at iteration i: tile i + STAGES - 1's
 
   for (int i = 0; i < n_tiles; ++i) {
     cp_async_wait<STAGES - 2>();
     __syncthreads();  // [A] tile i resident; everyone is done with tile i-1 and its P
     {
       const int nx = i + STAGES - 1;
-      if (nx < n_tiles) load_tile(nx, nx % STAGES);
+      if (nx < n_tiles) load_tile(next_row, nx % STAGES);
       cp_async_commit();
+      next_row = tile_row(nx + 1);
     }
     const unsigned char* stile = smem + S::kv + (i % STAGES) * STAGE_BYTES;
 
