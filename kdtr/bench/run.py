@@ -8,7 +8,9 @@ With ``graph``, each kernel is then also timed as a server runs it: L launches o
 one CUDA graph and replayed (kdtr/bench/graph.py), the per-launch time in the cell's graph fields.
 
 FLOPs count visible (q, key) pairs only, 2 * H * sum_t (P_b + depth_t + 1) * (576 + 512);
-bytes are the minimum: the KV each request owns read once, q read, out and lse written.
+bytes are the minimum: the KV each request owns read once, q read, out and lse written. On compute-bound
+shapes each timing is also held against the mma.sync ceiling (the peaks' mma_tflops, kdtr/bench/timing.py
+measure_mma_peak): the rate of the instruction the portable kernel issues, below the GEMM peak on Hopper.
 """
 
 from __future__ import annotations
@@ -41,6 +43,15 @@ def min_bytes(problem, out_dtype: str) -> int:
 
 def roofline_ms(flops: int, nbytes: int, peaks: dict) -> float:
     return max(flops / (peaks["gemm_tflops"] * 1e12), nbytes / (peaks["copy_gbs"] * 1e9)) * 1e3
+
+
+def pct_of_mma_ceiling(tflops: float | None, bound: str, peaks: dict) -> float | None:
+    """A compute-bound timing's TFLOP/s over the mma.sync ceiling (peaks["mma_tflops"]); None on a memory-bound
+    shape, for an untimed cell, or where the peaks have no mma.sync ceiling (measured before it was, or not here)."""
+    ceiling = peaks.get("mma_tflops")
+    if bound != "compute" or tflops is None or not ceiling:
+        return None
+    return tflops / ceiling
 
 
 def grid(models, tps, budgets, prefixes, batches, page_size=64, kv_dtype="bf16", out_dtype="bf16",
@@ -93,6 +104,9 @@ class Cell:
     """--graph: roofline time / graph_ms."""
     graph_vs_direct: float | None = None
     """--graph: graph_ms / median_ms, the captured launch's time over the direct one (target <= 1.1)."""
+    pct_mma_ceiling: float | None = None
+    """Compute-bound shapes: tflops / the mma.sync ceiling (peaks' mma_tflops: an issue loop of the m16n8k16 bf16
+    instruction flash uses); None on memory-bound shapes and in reports from before the ceiling was measured."""
 
 
 @dataclass
@@ -168,6 +182,7 @@ def bench_shape(spec: CaseSpec, impls: list, peaks: dict, seed: int = 0, check: 
         cell.median_ms, cell.iqr_ms, cell.reps = ms, t["iqr_ms"], t["reps"]
         cell.tflops, cell.gbs = flops / (ms * 1e-3) / 1e12, nbytes / (ms * 1e-3) / 1e9
         cell.pct_roofline = roof / ms
+        cell.pct_mma_ceiling = pct_of_mma_ceiling(cell.tflops, bound, peaks)
         if base_ms is None and impl.name.startswith("torch-"):
             base_ms = ms
         row.cells.append(cell)
@@ -237,13 +252,14 @@ def to_csv_rows(rows: list[Row]) -> list[dict]:
             flat.append({"shape": r.shape, **r.dims, "flops": r.flops, "bytes": r.nbytes, "roofline_ms": r.roofline_ms,
                          "bound": r.bound, "impl": c.impl, "status": c.status, "median_ms": c.median_ms,
                          "iqr_ms": c.iqr_ms, "tflops": c.tflops, "gbs": c.gbs, "pct_roofline": c.pct_roofline,
-                         "speedup": c.speedup, **({k: getattr(c, k) for k in GRAPH_CSV} if graph else {})})
+                         "pct_mma_ceiling": c.pct_mma_ceiling, "speedup": c.speedup,
+                         **({k: getattr(c, k) for k in GRAPH_CSV} if graph else {})})
     return flat
 
 
 def rows_from_json(rows: list[dict]) -> list[Row]:
     """The Rows of a saved bench report (its JSON "rows"); a report from before --graph has no graph fields,
-    which read as not asked for."""
+    which read as not asked for, and one from before the mma.sync ceiling no pct_mma_ceiling (None)."""
     return [Row(**{**r, "cells": [Cell(**c) for c in r["cells"]]}) for r in rows]
 
 

@@ -1,4 +1,5 @@
-"""Timing for `kdtr bench`: CUDA-event medians with a flushed L2, and the GPU's two ceilings.
+"""Timing for `kdtr bench`: CUDA-event medians with a flushed L2, and the GPU's ceilings (the roofline's copy
+and GEMM peaks, and the mma.sync ceiling of the portable kernel's instruction).
 
 cupy comes through kdtr.launch (the one module that imports it), so this stays importable
 without a GPU.
@@ -8,13 +9,24 @@ from __future__ import annotations
 
 import numpy as np
 
-from kdtr.kernels.launch import cupy_module, device_info
+from kdtr.kernels.launch import cupy_module, device_info, load_function, read_global_ints
+from kdtr.kernels.nvrtc import CUDA_DIR
 
 
 FLUSH_MODE = "read"
 """How time_launcher empties the L2 between repetitions by default."""
 METHOD = {"l2_flush": FLUSH_MODE, "gpu_held_during_enqueue": True}
 """How time_launcher times, as recorded in bench JSON."""
+PEAK_KEYS = ("copy_gbs", "gemm_tflops", "mma_tflops")
+"""The ceilings measure_peaks returns; a cached entry missing one (written before it was measured) is stale."""
+MMA_PEAK_SOURCE = CUDA_DIR / "mma_peak.cu"
+"""The mma.sync issue loop (kdtr_mma_peak)."""
+MMA_PEAK_KERNEL = "kdtr_mma_peak"
+"""Its extern "C" kernel (out, iters); kdtr_mma_peak_shape beside it holds {threads a CTA, chains a warp}."""
+MMA_INSTRUCTION = "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"
+"""What cuda/flash.cu's products issue (kdtr::mma_bf16), and what the loop times."""
+MMA_FLOPS = 2 * 16 * 8 * 16
+"""FLOPs of one m16n8k16 (a warp's instruction)."""
 
 _HOLD = r"""
 extern "C" __global__ void kdtr_hold(unsigned long long ns) {  // one thread spins ns on the GPU clock
@@ -103,9 +115,33 @@ def time_launcher(fn, *, flush_bytes: int = 0, flush_mode: str = FLUSH_MODE, war
     return {"median_ms": float(med), "iqr_ms": float(q3 - q1), "reps": len(times), "min_ms": float(min(times))}
 
 
+def mma_loop_flops(ctas: int, threads: int, chains: int, iters: int) -> int:
+    """FLOPs of one kdtr_mma_peak launch: every warp issues ``chains`` m16n8k16 an iteration."""
+    return ctas * (threads // 32) * chains * iters * MMA_FLOPS
+
+
+def measure_mma_peak(iters: int = 8192) -> dict:
+    """The mma.sync ceiling of this GPU, measured now: cuda/mma_peak.cu's issue loop of MMA_INSTRUCTION
+    (independent accumulator chains in registers, no memory traffic), one CTA an SM, timed as time_launcher
+    times (no L2 flush: the loop reads no memory). "mma_tflops", "mma" (the timing) and "mma_method"."""
+    cp = cupy_module()
+    loaded = load_function(MMA_PEAK_SOURCE, MMA_PEAK_KERNEL)
+    threads, chains = read_global_ints(loaded.module, "kdtr_mma_peak_shape", 2)
+    ctas = device_info()["sm_count"]
+    out = cp.zeros(ctas * threads, cp.float32)
+    args = (out, np.int32(iters))
+    t = time_launcher(lambda: loaded.function((ctas,), (threads,), args), budget_ms=500)
+    flops = mma_loop_flops(ctas, threads, chains, iters)
+    return {"mma_tflops": flops / (t["median_ms"] * 1e-3) / 1e12, "mma": t,
+            "mma_method": f"{MMA_INSTRUCTION} issue loop, {ctas} CTAs x {threads // 32} warps x {chains} chains x "
+                          f"{iters} iters ({MMA_PEAK_SOURCE.name})"}
+
+
 def measure_peaks(copy_bytes: int = 2 << 30, gemm_n: int = 8192) -> dict:
-    """The two roofline ceilings of this GPU, measured now: a device-to-device copy (bytes read +
-    written) and a large bf16 GEMM on random data (torch when present, else cupy fp16, same rate)."""
+    """The ceilings of this GPU, measured now: the roofline's two, a device-to-device copy (bytes read +
+    written) and a large bf16 GEMM on random data (torch when present, else cupy fp16, same rate), and
+    the mma.sync ceiling (measure_mma_peak). Where the mma loop cannot run (no NVRTC, a compile error),
+    mma_tflops is None and mma_method says why."""
     cp = cupy_module()
     src = cp.random.random(copy_bytes // 4, dtype=cp.float32)
     dst = cp.empty_like(src)
@@ -124,9 +160,14 @@ def measure_peaks(copy_bytes: int = 2 << 30, gemm_n: int = 8192) -> dict:
         g = time_launcher(lambda: cp.matmul(a, b), budget_ms=1500)
         how = f"cupy.matmul fp16 {gemm_n}^3 (no torch)"
     gemm_tflops = 2 * gemm_n**3 / (g["median_ms"] * 1e-3) / 1e12
+    try:
+        mma = measure_mma_peak()
+    except Exception as e:  # NVRTC missing or the loop not compiling here: the other ceilings still stand
+        mma = {"mma_tflops": None, "mma_method": f"not measured ({type(e).__name__}: {' '.join(str(e).split())[:160]})"}
     info = device_info()
     return {
         "device": info["name"], "driver": info["driver_version"], "sm_count": info["sm_count"],
         "copy_gbs": 2 * copy_bytes / (copy["median_ms"] * 1e-3) / 1e9, "gemm_tflops": gemm_tflops,
-        "copy": copy, "gemm": g, "gemm_method": how, "l2_bytes": info["l2_bytes"],
+        "mma_tflops": mma.pop("mma_tflops"), "copy": copy, "gemm": g, "gemm_method": how, **mma,
+        "l2_bytes": info["l2_bytes"],
     }

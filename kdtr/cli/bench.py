@@ -14,7 +14,9 @@ from kdtr.errors import InputError
 
 
 def bench_peaks(remeasure: bool = False) -> dict:
-    """The GPU's copy bandwidth and bf16 GEMM rate, cached per device name and driver."""
+    """The GPU's copy bandwidth, bf16 GEMM rate and mma.sync ceiling, cached per device name and driver; an
+    entry without one of them (written before the mma.sync ceiling was measured, or where it could not be) is
+    measured again, all of it, so the ceilings always come from one run."""
     from kdtr.bench.timing import measure_peaks
     from kdtr.golden.atomic import atomic_write_bytes
     from kdtr.golden.store import cache_root
@@ -27,11 +29,18 @@ def bench_peaks(remeasure: bool = False) -> dict:
         cache = json.loads(path.read_text()) if path.exists() else {}
     except ValueError:
         cache = {}  # a damaged cache is measured again
-    if remeasure or key not in cache:
+    if remeasure or stale_peaks(cache.get(key)):
         cache[key] = measure_peaks()
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_bytes(path, (json.dumps(cache, indent=1) + "\n").encode())
     return {**cache[key], "cached_at": str(path)}
+
+
+def stale_peaks(entry) -> bool:
+    """True where a cached peaks entry must be measured again: none, not a dict, or a ceiling missing or unmeasured."""
+    from kdtr.bench.timing import PEAK_KEYS
+
+    return not isinstance(entry, dict) or any(not isinstance(entry.get(k), (int, float)) for k in PEAK_KEYS)
 
 
 def bench_specs(suite: str | None, preset: tuple[str, ...], shape: dict) -> list:
@@ -93,7 +102,7 @@ def bench_run(specs, kernel_specs, names, peaks: dict, check: bool, devices: int
             for s in specs:
                 rows.append(bench_shape(s, impls, peaks, check=check, graph=graph))
                 advance(s.name)
-    out = {"peaks": {k: v for k, v in peaks.items() if k not in ("copy", "gemm")}, "rows": [asdict(r) for r in rows],
+    out = {"peaks": {k: v for k, v in peaks.items() if not isinstance(v, dict)}, "rows": [asdict(r) for r in rows],
            "impls": [i.name for i in impls], **METHOD}
     if graph:
         from kdtr.bench.graph import METHOD as GRAPH
@@ -130,8 +139,26 @@ def render_peaks(pk: dict) -> None:
     from kdtr.cli import report
 
     report.kv_table("GPU peaks", [(k, v) for k, v in pk.items() if not isinstance(v, (dict, list))])
+    report.note(f"ceilings: copy {pk['copy_gbs']:.0f} GB/s, bf16 GEMM {pk['gemm_tflops']:.0f} TFLOP/s, {mma_text(pk)}")
 
 
+def mma_text(pk: dict) -> str:
+    """The mma.sync ceiling of a peaks dict in words: its rate and share of the GEMM peak, why it is missing where
+    it was not measured, or that the peaks predate it."""
+    if pk.get("mma_tflops"):
+        return f"mma.sync ceiling {pk['mma_tflops']:.0f} TFLOP/s ({pk['mma_tflops'] / pk['gemm_tflops']:.0%} of the GEMM)"
+    if "mma_tflops" in pk:
+        return f"mma.sync ceiling {pk.get('mma_method') or 'not measured'}"
+    return "no mma.sync ceiling (peaks from before it was measured)"
+
+
+def pct_text(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1%}"
+
+
+MMA_COLUMN = "% mma.sync"
+"""The bench table's column of a compute-bound timing's TFLOP/s over the mma.sync ceiling (pct_mma_ceiling), present
+where the run's peaks have the ceiling ("-" on memory-bound shapes)."""
 GRAPH_COLUMNS = ("graph us", "graph/direct", "L")
 """The bench table's --graph columns, beside the direct time: the per-launch time of the replayed graph, its
 ratio to the direct launch's, and the layers (launches) in the graph."""
@@ -142,8 +169,9 @@ def render_bench(d: dict) -> None:
 
     pk = d["peaks"]
     report.note(f"peaks on {pk['device']}: copy {pk['copy_gbs']:.0f} GB/s, bf16 GEMM {pk['gemm_tflops']:.0f} TFLOP/s "
-                f"({pk.get('gemm_method', '')}); roofline = max(FLOPs / GEMM peak, bytes / copy peak)")
+                f"({pk.get('gemm_method', '')}), {mma_text(pk)}; roofline = max(FLOPs / GEMM peak, bytes / copy peak)")
     graph = any(c.get("graph_status") is not None for r in d["rows"] for c in r["cells"])
+    mma = bool(pk.get("mma_tflops")) or any(c.get("pct_mma_ceiling") is not None for r in d["rows"] for c in r["cells"])
     rows, failed = [], []
     for r in d["rows"]:
         timed = [c for c in r["cells"] if c.get("median_ms")]
@@ -155,17 +183,19 @@ def render_bench(d: dict) -> None:
                 t = f"{c['median_ms'] * 1e3:.1f} ±{c['iqr_ms'] * 1e3:.1f}"
                 first = (report.best(t) if c["median_ms"] == fastest else t,)
                 cells = (f"{c['tflops']:.1f}", f"{c['gbs']:.0f}", f"{c['pct_roofline']:.1%}",
+                         *((pct_text(c.get("pct_mma_ceiling")),) if mma else ()),
                          f"{c['speedup']:.1f}x" if c.get("speedup") else "-")
             else:
-                first, cells = (report.warn(c["status"][:60]),), ("", "", "", "")
+                first, cells = (report.warn(c["status"][:60]),), ("",) * (5 if mma else 4)
             extra = graph_cells(c, report) if graph else ()
             if graph and c.get("graph_status") and not c["graph_status"].startswith(("ok", "skipped")):
                 failed.append((f"{r['shape']} {c['impl']}", c["graph_status"]))
             rows.append(head + (report.escape(c["impl"]),) + first + extra + cells)
     time_cols = ("time us", *(GRAPH_COLUMNS if graph else ()))
+    pct_cols = ("% roofline", *((MMA_COLUMN,) if mma else ()))
     report.table("kdtr bench", ["shape", "BxTxH", "P", "bound", "floor us", "impl", *time_cols, "TFLOP/s", "GB/s",
-                                "% roofline", "vs torch"], rows,
-                 right=("floor us", *time_cols, "TFLOP/s", "GB/s", "% roofline", "vs torch"))
+                                *pct_cols, "vs torch"], rows,
+                 right=("floor us", *time_cols, "TFLOP/s", "GB/s", *pct_cols, "vs torch"))
     if graph:
         how = d.get("graph") or {}
         report.note(f"graph us: per launch of L launches (L layers, each on its own cache) captured in one CUDA graph at "
