@@ -21,9 +21,10 @@ from kdtr.kernels.bugs import Bug
 from kdtr.inputs.presets import DTYPES
 
 ARCH_RE = re.compile(r"sm_\d+a?")
-SMEM_OPTIN_BYTES = {"sm_80": 163 * 1024, "sm_90": 227 * 1024, "sm_90a": 227 * 1024, "sm_120": 99 * 1024}
+SMEM_OPTIN_BYTES = {"sm_80": 163 * 1024, "sm_86": 99 * 1024, "sm_89": 99 * 1024, "sm_90": 227 * 1024, "sm_90a": 227 * 1024,
+                    "sm_120": 99 * 1024}
 """Shared memory one block may opt into, per arch (CUDA programming guide, compute capabilities 8.0,
-9.0 and 12.0); builds for other archs are not held against a limit."""
+8.6, 8.9, 9.0 and 12.0); builds for other archs are not held against a limit."""
 
 
 class BuildStatus(str, enum.Enum):
@@ -111,7 +112,7 @@ def targets_for(spec: str, archs: tuple[str, ...] | None = None, all_variants: b
     source = getattr(getattr(k, "variant", None), "source", None) or getattr(k, "source", None)
     if source is None or not str(source).endswith((".cu", ".cuh")):
         raise kernels.KernelSpecError(f"{spec}: not a CUDA kernel; kdtr compile reports NVRTC builds of .cu kernels")
-    if spec.strip() in kernels.builtin_names():
+    if spec.strip() in kernels.builtin_names() or getattr(k, "variant", None) is not None:  # a forced plan: its builds
         bugs = tuple(Bug) if all_variants else (Bug(getattr(k, "bug", 0)),)
         found = [(names, own) for src, names, own in kernels.compile_targets(bugs) if Path(src) == Path(source)]
         names, own = found[0]

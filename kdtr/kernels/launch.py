@@ -71,7 +71,8 @@ def device_arch() -> str:
 
 @lru_cache(maxsize=1)
 def device_info() -> dict:
-    """Name, arch, SM count, shared-memory opt-in, L2 size and CUDA versions of the current device."""
+    """Name, arch, SM count, an SM's limits (shared memory, the per-CTA opt-in, registers, threads, CTAs), L2 size
+    and CUDA versions of the current device."""
     cp = cupy_module()
     dev = cp.cuda.Device()
     props = cp.cuda.runtime.getDeviceProperties(dev.id)
@@ -83,6 +84,8 @@ def device_info() -> dict:
         "smem_optin": int(props["sharedMemPerBlockOptin"]),
         "smem_per_sm": int(props["sharedMemPerMultiprocessor"]),
         "regs_per_sm": int(props["regsPerMultiprocessor"]),
+        "threads_per_sm": int(props.get("maxThreadsPerMultiProcessor", 2048)),
+        "ctas_per_sm": int(props.get("maxBlocksPerMultiProcessor", 32)),
         "l2_bytes": int(props["l2CacheSize"]),
         "memory_bytes": int(props["totalGlobalMem"]),
         "driver_version": int(cp.cuda.runtime.driverGetVersion()),
@@ -378,10 +381,13 @@ def pdl_enabled() -> bool:
 
 
 def allow_smem(steps) -> None:
-    """Let each step's kernel take the dynamic shared memory it launches with (past the 48 KB default)."""
+    """Let each step's kernel take the dynamic shared memory it launches with (past the 48 KB default). The limit
+    only rises: builds loaded once a process are shared by kernels that launch them with different requests
+    (``flash`` and ``flash[occupancy=sm_120]``'s padded one), and a launcher prepared for the larger must still run."""
     for s in steps:
-        if s.smem > _STATIC_SMEM_LIMIT:
-            s.loaded.function.max_dynamic_shared_size_bytes = s.smem
+        fn = s.loaded.function
+        if s.smem > _STATIC_SMEM_LIMIT and s.smem > fn.max_dynamic_shared_size_bytes:
+            fn.max_dynamic_shared_size_bytes = s.smem
 
 
 def step_calls(steps, params, step_args=lambda s: s.args, external: bool = False) -> list:

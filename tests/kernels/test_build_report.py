@@ -115,6 +115,13 @@ def test_all_variants_adds_every_planted_bug_build():
     assert build_report.targets_for("naive-bug=baked-lengths")[0].names == shipped.names
 
 
+@pytest.mark.parametrize("spec, head", [("flash[occupancy=sm_120]", "flash"), ("flash[mt=2]", "flash"),
+                                        ("flash-bug=scale-off[splits=3]", "flash-bug=scale-off")])
+def test_a_forced_plan_reports_the_builds_of_its_kernel(spec, head):
+    """A plan suffix changes launches, not builds: kdtr compile -k 'flash[occupancy=sm_120]' lists flash's."""
+    assert build_report.targets_for(spec, ("sm_120",))[0].names == build_report.targets_for(head, ("sm_120",))[0].names
+
+
 def test_global_ints_reads_an_initialised_array_from_an_elf_file():
     """A hand-built ELF64: .symtab, .strtab and one data section holding {7, -2, 99}."""
     data = struct.pack("<3i", 7, -2, 99)

@@ -5,7 +5,8 @@ import pytest
 
 from kdtr.kernels.bugs import Bug
 from kdtr.kernels.flash.force import Force, Merge, RowLayout
-from kdtr.kernels.flash.plan import Build, Device, Shape, occupancy, plan, row_tile_m
+from kdtr.kernels.flash.arch import SM_90, SM_120, ArchLimits
+from kdtr.kernels.flash.plan import Build, Device, Shape, emulated_smem, occupancy, plan, resident_ctas, row_tile_m
 
 H200_SMS = 132
 BN = 32  # flash-sm90's KV tile (the plan reads it from the compiled module)
@@ -100,6 +101,51 @@ def test_occupancy_counts_registers_and_shared_memory():
     assert occupancy(256, 255, 70000) == 1  # 64K registers: one 256-thread CTA at 255 registers
     assert occupancy(128, 160, 70000) == 3  # smem-bound: 3 x 71 KB in 228 KB
     assert occupancy(128, 64, 20000) == 8
+    assert occupancy(128, 64, 20000, SM_120) == 4  # 100 KB an SM: 4 x 21 KB
+    assert occupancy(512, 32, 0, SM_120) == 3 and occupancy(512, 32, 0) == 4  # 1536 threads an SM against 2048
+    assert resident_ctas(128, 64, 101377, SM_120) == 0  # past sm_120's 99 KB a CTA: none
+    assert occupancy(128, 64, 116736 - 1024) == 2 and occupancy(128, 64, 116736 - 1023) == 1  # 128-byte units
+
+
+KB = 1024
+
+
+@pytest.mark.parametrize("threads, registers, static, smem, ctas, padded", [
+    (256, 128, 0, 90 * KB, 1, 232448),  # 90 KB: one CTA on sm_120, two on the H200 unpadded; padded to its 227 KB
+    (128, 64, 0, 40 * KB, 2, 233472 // 2 - KB),  # 40 KB: two on sm_120, five on the H200; half its 228 KB each
+    (256, 94, 4160, 0, 2, 233472 // 2 - KB - 4160),  # register-bound at two on both; the static part counted
+    (512, 32, 0, 0, 3, 233472 // 3 - KB),  # thread-bound: 1536 on sm_120 against 2048
+    (256, 255, 0, 68188, 1, 232448),  # register-bound at one CTA on both: still the largest request that holds one
+])
+def test_the_padded_request_holds_the_h200_to_sm_120s_residency(threads, registers, static, smem, ctas, padded):
+    assert emulated_smem(threads, registers, static, smem, SM_90, SM_120) == (ctas, padded)
+    assert resident_ctas(threads, registers, static + padded, SM_90) == ctas == occupancy(threads, registers, static + smem, SM_120)
+    assert resident_ctas(threads, registers, static + padded + 128, SM_90) < ctas or padded + static == SM_90.smem_per_cta
+
+
+def test_a_90_kb_build_pads_past_half_the_h200s_shared_memory():
+    """One CTA an SM on sm_120 (2 x 91 KB > 100 KB); the H200 would hold two unpadded, so the pad passes 114 KB."""
+    assert resident_ctas(256, 128, 90 * KB, SM_90) == 2
+    ctas, padded = emulated_smem(256, 128, 0, 90 * KB, SM_90, SM_120)
+    assert ctas == 1 and padded > 114 * KB
+
+
+@pytest.mark.parametrize("real, emulated, smem, says", [
+    (SM_90, SM_120, 100 * KB, "102400 bytes of shared memory a CTA (static and dynamic) pass sm_120's 101376"),
+    (SM_120, SM_90, 40 * KB, "sm_120 holds 2 CTAs an SM of this build, fewer than sm_90's 5"),
+    (ArchLimits("small-optin", 233472, 48 * KB), SM_120, 40 * KB, "the most small-optin gives a CTA, leave 4 CTAs"),
+])
+def test_what_cannot_be_emulated_says_why_in_one_line(real, emulated, smem, says):
+    with pytest.raises(ValueError) as info:
+        emulated_smem(128, 64, 0, smem, real, emulated)
+    assert says in str(info.value) and "\n" not in str(info.value), str(info.value)
+
+
+def test_arch_limits_of_a_device_info():
+    info = {"cc": "sm_90", "smem_per_sm": 233472, "smem_optin": 232448, "regs_per_sm": 65536, "threads_per_sm": 2048,
+            "ctas_per_sm": 32}
+    assert ArchLimits.of(info) == SM_90
+    assert ArchLimits.of({"smem_per_sm": 102400, "regs_per_sm": 65536}).smem_per_cta == 101376  # what a fake gives
 
 
 def test_forced_split_count_keeps_the_merge_bug_floor():

@@ -142,3 +142,59 @@ def test_the_spec_round_trips_through_the_kernels_name(faked, spec):
     again = resolve_kernel(k.name)
     assert again.name == k.name and again.force == k.force and again.bug == k.bug
     assert faked(k.name, 2, 9, 8, 3000) == faked(spec, 2, 9, 8, 3000)
+
+
+def _registers(step: Step) -> int:
+    """The faked build's registers (load above): 80 the merges, 168 the main builds."""
+    return next(iter(step.loaded.compiled.resources.values())).registers
+
+
+@pytest.mark.parametrize("B, T, H, P", [(32, 1, 8, 32768), (1, 9, 8, 131072), (8, 65, 16, 8192)])
+def test_occupancy_sm_120_plans_with_its_residency_and_pads_every_launch_to_it(faked, B, T, H, P):
+    """flash[occupancy=sm_120] on the faked H200: the split plan counts sm_120's CTAs an SM (this GPU's 132 SMs),
+    and every launch asks for the dynamic shared memory that holds the H200 to as many CTAs an SM as sm_120 holds
+    of it unpadded; plain flash plans with the H200's residency and asks for what the build uses."""
+    from kdtr.kernels.flash.arch import SM_90, SM_120
+    from kdtr.kernels.flash.plan import Build, Device, Shape, occupancy, plan, resident_ctas
+
+    cfg = CONFIGS["flash"]
+    (plain, *_), steps, _, _ = faked("flash", B, T, H, P, full=True)
+    made, emulated, _, _ = faked("flash[occupancy=sm_120]", B, T, H, P, full=True)
+    k = resolve_kernel("flash")
+    mt = k.variant.mt_for(T * H)
+    threads, smem = k.variant.launch_shape(cfg, mt)
+    assert steps[0].smem == smem and emulated[0].block == steps[0].block == (threads, 1, 1)
+    for launches, ctas in ((steps, occupancy(threads, 168, smem, SM_90)), (emulated, occupancy(threads, 168, smem, SM_120))):
+        assert launches[0].grid == plan(Shape(B, T, H, P), Device(H200_SMS), Build(mt, cfg["BN"], ctas)).grid
+    assert made[0][0] == plain[0]  # the same build
+    unpadded = {0: smem}  # the merges ask for none
+    for i, s in enumerate(emulated):
+        want = occupancy(s.block[0], _registers(s), unpadded.get(i, 0), SM_120)
+        assert resident_ctas(s.block[0], _registers(s), s.smem, SM_90) == want, (i, s.smem)
+        assert s.smem >= unpadded.get(i, 0) and resident_ctas(s.block[0], _registers(s), s.smem + 128, SM_90) < want
+
+
+def test_kimi_decode_b32_takes_fewer_splits_at_sm_120s_residency(faked):
+    """T1 B32 P32k: sm_120 holds one 16-row CTA an SM (its 100 KB), the H200 more: half the slots, fewer splits."""
+    plain, emulated = faked("flash", 32, 1, 8, 32768)[0], faked("flash[occupancy=sm_120]", 32, 1, 8, 32768)[0]
+    assert plain[0] == emulated[0] and emulated[1][1] < plain[1][1]
+
+
+def test_occupancy_sm_120_refuses_a_build_past_its_99_kb(faked, monkeypatch):
+    monkeypatch.setitem(CONFIGS, "flash", {**CONFIGS["flash"], "SMEM_MT1": 110_000})
+    assert faked("flash", 1, 1, 8, 4096)  # the H200 takes it
+    with pytest.raises(ValueError) as info:
+        faked("flash[occupancy=sm_120]", 1, 1, 8, 4096)
+    assert str(info.value) == ("flash[occupancy=sm_120]: kdtr_flash_verify<1, __nv_bfloat16, 0>: 110000 bytes of shared "
+                               "memory a CTA (static and dynamic) pass sm_120's 101376: the build cannot run there")
+
+
+def test_the_padded_request_raises_the_kernels_limit_and_a_smaller_one_never_lowers_it():
+    """launch.allow_smem: flash and flash[occupancy=sm_120] share each loaded build (one module a process), so the
+    limit a padded launcher needs must survive a plain launcher prepared after it."""
+    fn = types.SimpleNamespace(max_dynamic_shared_size_bytes=0)
+    loaded = types.SimpleNamespace(function=fn)
+    launch.allow_smem([Step(loaded, (1, 1, 1), (128, 1, 1), 232448)])
+    assert fn.max_dynamic_shared_size_bytes == 232448
+    launch.allow_smem([Step(loaded, (1, 1, 1), (128, 1, 1), 68188), Step(loaded, (1, 1, 1), (128, 1, 1), 40000)])
+    assert fn.max_dynamic_shared_size_bytes == 232448

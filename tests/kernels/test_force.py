@@ -27,6 +27,8 @@ from kdtr.kernels.registry import resolve_kernel
     ("flash-sm90[segments=1]", Force(segments=1)),
     ("flash-sm90[segments=16]", Force(segments=16)),
     ("flash-sm90[mt=4]", Force(mt=4)),
+    ("flash[occupancy=sm_120]", Force(occupancy="sm_120")),
+    ("flash[occupancy=sm_120,mt=2]", Force(mt=2, occupancy="sm_120")),
 ])
 def test_every_key_parses_to_its_field(spec, force):
     k = resolve_kernel(spec)
@@ -41,7 +43,16 @@ def test_the_name_is_the_canonical_spec_and_resolves_to_the_same_kernel():
     assert full.suffix() == "[mt=4,splits=3,merge=combine,combine=rows,xr=0,segments=0]"
     assert resolve_kernel("flash-sm90" + full.suffix()).force == full
     assert Force().suffix() == "" and resolve_kernel("flash-sm90").name == "flash-sm90"
-    assert tuple(KEYS) == ("mt", "splits", "merge", "combine", "xr", "segments")  # the user contract's keys
+    assert tuple(KEYS) == ("mt", "splits", "merge", "combine", "xr", "segments", "occupancy")  # the user contract's keys
+
+
+def test_an_emulated_occupancy_is_its_own_kernel_name_beside_flash():
+    """flash[occupancy=sm_120] is a kernel of its own name: `kdtr bench -k flash -k 'flash[occupancy=sm_120]'` gives
+    both rows, the padded beside the unpadded; the name resolves to the same force (isolation, reports)."""
+    k = resolve_kernel("flash[occupancy=sm_120, mt=1]")
+    assert k.name == "flash[mt=1,occupancy=sm_120]" and Force(mt=1, occupancy="sm_120").suffix() == "[mt=1,occupancy=sm_120]"
+    assert resolve_kernel(k.name).force == k.force and k.variant is resolve_kernel("flash").variant
+    assert resolve_kernel("flash-bug=scale-off[occupancy=sm_120]").name == "flash-bug=scale-off[occupancy=sm_120]"
 
 
 def test_a_planted_bug_takes_a_suffix_too():
@@ -52,7 +63,7 @@ def test_a_planted_bug_takes_a_suffix_too():
 
 
 @pytest.mark.parametrize("spec, says", [
-    ("flash-sm90[foo=1]", "unknown key 'foo'; keys: mt, splits, merge, combine, xr, segments"),
+    ("flash-sm90[foo=1]", "unknown key 'foo'; keys: mt, splits, merge, combine, xr, segments, occupancy"),
     ("flash-sm90[xr]", "'xr' is not KEY=VALUE"),
     ("flash-sm90[]", "an empty plan suffix"),
     ("flash-sm90[splits=2,splits=3]", "splits given twice"),
@@ -70,6 +81,10 @@ def test_a_planted_bug_takes_a_suffix_too():
     ("flash-sm90[merge=kernel,xr=1]", "transposed rows never merge in the kernel"),
     ("flash-sm90[merge=kernel,segments=2]", "a work table never merges in the kernel"),
     ("flash-sm90[xr=1,segments=2]", "transposed rows never take a work table"),
+    ("flash[occupancy=sm_89]", "occupancy=sm_89: give occupancy=sm_120 (that arch's CTAs an SM, emulated on this GPU)"),
+    ("flash[occupancy=SM_120]", "occupancy=SM_120: give occupancy=sm_120"),
+    ("flash-sm90[occupancy=sm_120]", "occupancy=sm_120: flash-sm90 runs on sm_90a alone, where no other arch's "
+                                     "residency applies; the portable flash takes occupancy="),
     ("naive[mt=1]", "applies to the flash kernels only"),
     ("emulate-flash[splits=2]", "applies to the flash kernels only"),
     ("flsh[mt=1]", "unknown kernel 'flsh' (did you mean 'flash'?)"),

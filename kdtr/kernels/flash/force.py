@@ -2,9 +2,10 @@
 
 Why a suffix: tests, tools and maintainers need each branch of the plan (kdtr/kernels/flash/plan.py) on
 shapes whose model would not take it. Written into the kernel spec, ``flash-sm90[xr=1,splits=4]`` (also
-``flash[mt=2]``, ``flash-sm90-bug=SLUG[xr=1]``), the choice is part of the kernel's name, so it survives
-isolation (a child process resolves the kernel again from ``kernel.name``) and shows in every report;
-no environment variable steers a kernel. Pure Python, no GPU.
+``flash[mt=2]``, ``flash-sm90-bug=SLUG[xr=1]``, or ``flash[occupancy=sm_120]``: another arch's residency), the
+choice is part of the kernel's name, so it survives isolation (a child process resolves the kernel again from
+``kernel.name``) and shows in every report (a bench row of its own beside ``flash``); no environment variable
+steers a kernel. Pure Python, no GPU.
 
 Also here: the main kernels' template arguments as enums (cuda/flash_sm90.cu mirrors them; a test keeps
 the values equal).
@@ -17,6 +18,7 @@ import re
 from dataclasses import dataclass, fields
 
 from kdtr.errors import KernelSpecError
+from kdtr.kernels.flash.arch import EMULATED_ARCHS
 from kdtr.kernels.flash.combine import COMBINES
 
 
@@ -66,6 +68,10 @@ class Force:
     segments: int | None = None
     """The work table (flash-sm90): 0 never, 1 the model's best cut wherever allowed (even without a gain),
     N >= 2 a stream-K cut every N tiles."""
+    occupancy: str | None = None
+    """Time the portable kernel (flash) under another arch's residency: an arch of kdtr/kernels/flash/arch.py's
+    EMULATED_ARCHS (sm_120). The plan counts that arch's CTAs an SM, and every launch asks for enough more dynamic shared memory
+    that this GPU holds exactly as many of its CTAs an SM as that arch would (plan.emulated_smem)."""
 
     def suffix(self) -> str:
         """The kernel-spec suffix that parses back to this record ("" for no force), keys in field order."""
@@ -151,6 +157,14 @@ def _value(key: str, text: str, variant, bad):
         if not variant.extra_rows:
             raise bad(f"xr={text}: {name} has no transposed rows (flash-sm90 has)")
         return text == "1"
+    if key == "occupancy":
+        if text not in EMULATED_ARCHS:
+            raise bad(f"occupancy={text}: give occupancy={' or '.join(EMULATED_ARCHS)} (that arch's CTAs an SM, "
+                      f"emulated on this GPU)")
+        if variant.arch:
+            raise bad(f"occupancy={text}: {name} runs on {variant.arch} alone, where no other arch's residency "
+                      f"applies; the portable flash takes occupancy=")
+        return text
     if not text.isdigit():
         raise bad(f"segments={text}: give 0 (never), 1 (wherever allowed) or N >= 2 (a cut every N tiles)")
     if not variant.tile_ns:

@@ -5,13 +5,14 @@ Two kernels share the operator, the split plan, the workspace and the merge
 ``flash-sm90`` (cuda/flash_sm90.cu, wgmma: sm_90a only). Each is a FlashVariant below; FlashKernel
 loads the builds that kdtr/kernels/flash/plan.py's plan names and lists their launches (the main
 kernel, then the split merge, dependent on it where the device allows: kdtr/kernels/pdl.py). A Force
-(kdtr/kernels/flash/force.py, from the kernel spec's suffix) overrides the plan's choices.
+(kdtr/kernels/flash/force.py, from the kernel spec's suffix) overrides the plan's choices; its ``occupancy``
+plans and launches ``flash`` under another arch's residency (FlashKernel.steps).
 Tile constants come from the compiled module (its ``*_config`` array), never restated here.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +22,8 @@ from kdtr.kernels.bugs import Bug, kernel_bug
 from kdtr.kernels.flash import device_plan
 from kdtr.kernels.flash.combine import COMBINE, COMBINE_JOBS, combine_launch
 from kdtr.kernels.flash.force import Force, Merge, RowLayout
-from kdtr.kernels.flash.plan import Build, Device, Shape, choose_work_table, occupancy, plan, row_tile_m
+from kdtr.kernels.flash.arch import EMULATED_ARCHS, ArchLimits
+from kdtr.kernels.flash.plan import Build, Device, Shape, choose_work_table, emulated_smem, occupancy, plan, row_tile_m
 from kdtr.kernels.launch_types import Step
 from kdtr.kernels.nvrtc import CUDA_DIR
 
@@ -79,8 +81,8 @@ class FlashVariant:
         return config[f"THREADS_MT{mt}"], config["SMEM_TRANSPOSED" if transposed else f"SMEM_MT{mt}"]
 
     def dynamic_smem(self, name_expression: str, config: dict) -> int:
-        """Dynamic shared memory a launch of kernel ``name_expression`` asks for (what
-        FlashKernel.steps passes): the main kernel's on its row tile, the device scheduler's; 0 for the merges."""
+        """Dynamic shared memory a launch of kernel ``name_expression`` asks for (what FlashKernel.steps passes,
+        unless a Force's occupancy pads it): the main kernel's on its row tile, the device scheduler's; 0 for the merges."""
         if name_expression == device_plan.SCHEDULE_KERNEL:
             return device_plan.SCHED_SMEM_BYTES
         head = self.main.split("<")[0] + "<"
@@ -130,12 +132,10 @@ class FlashKernel:
                                             dependent=dependent or expr.startswith(DEPENDENT_PREFIX))
         return self._fns[expr]
 
-    def _per_sm(self, expr: str, threads: int, dynamic_smem: int, info: dict) -> int:
-        """Resident CTAs an SM of build ``expr`` launched with ``threads`` and ``dynamic_smem``: ptxas's
-        registers and static shared memory for it (255 registers where the report is missing)."""
-        res = next(iter(self._load(expr).compiled.resources.values()), None)
-        return occupancy(threads, res.registers if res else 255, dynamic_smem + (res.shared_bytes if res else 0),
-                         info["regs_per_sm"], info["smem_per_sm"])
+    def _per_sm(self, expr: str, threads: int, dynamic_smem: int, limits: ArchLimits) -> int:
+        """Resident CTAs an SM of ``limits`` of build ``expr`` launched with ``threads`` and ``dynamic_smem``."""
+        registers, static_smem = _resources(self._load(expr))
+        return occupancy(threads, registers, dynamic_smem + static_smem, limits)
 
     def config(self) -> dict:
         """The compiled module's config array: BN, STAGES, MAX_T, smem bytes and threads per mt..."""
@@ -149,16 +149,43 @@ class FlashKernel:
     def steps(self, dp) -> tuple[list[Step], int, int]:
         """([Step], workspace_bytes, num_splits): the main kernel, then the split merge where there is one; for a
         work table, the device scheduler first. Planned from dp's shapes and capacity alone (Shape.of), never
-        from its prefix lengths: what depends on those is decided on the device at every launch."""
-        from kdtr.kernels.launch import CTYPES, device_info
+        from its prefix lengths: what depends on those is decided on the device at every launch.
 
-        pr, info, v, force = dp.problem, device_info(), self.variant, self.force
+        Under ``force.occupancy`` (an arch of arch.EMULATED_ARCHS): planned with that arch's CTAs an SM (this
+        GPU's SM count), and every launch asks for the dynamic shared memory that holds this GPU's residency to
+        that arch's (plan.emulated_smem): ``flash[occupancy=sm_120]`` on an H200 runs as an sm_120 would hold it."""
+        from kdtr.kernels.launch import device_info
+
+        info = device_info()
+        real = ArchLimits.of(info)
+        if not self.force.occupancy:
+            return self._steps(dp, info, real)
+        emulated = EMULATED_ARCHS[self.force.occupancy]
+        steps, workspace, splits = self._steps(dp, info, emulated)
+        return [self._emulated(s, real, emulated) for s in steps], workspace, splits
+
+    def _emulated(self, step: Step, real: ArchLimits, emulated: ArchLimits) -> Step:
+        """``step`` asking for the dynamic shared memory that holds this GPU's residency to ``emulated``'s
+        (plan.emulated_smem); ValueError, one line naming the kernel, where that cannot be done."""
+        registers, static_smem = _resources(step.loaded)
+        threads = step.block[0] * step.block[1] * step.block[2]
+        try:
+            _, smem = emulated_smem(threads, registers, static_smem, step.smem, real, emulated)
+        except ValueError as e:
+            raise ValueError(f"{self.name}: {next(iter(step.loaded.compiled.lowered))}: {e}") from None
+        return replace(step, smem=smem)
+
+    def _steps(self, dp, info: dict, limits: ArchLimits) -> tuple[list[Step], int, int]:
+        """steps() planned with CTAs an SM of ``limits``."""
+        from kdtr.kernels.launch import CTYPES
+
+        pr, v, force = dp.problem, self.variant, self.force
         shape, bug = Shape.of(pr), kernel_bug(Bug(self.bug))
         mt = force.mt or v.mt_for(shape.rows)
         out_t, cfg = CTYPES[dp.out_dtype], self.config()
 
         def resident(xr: RowLayout) -> int:  # CTAs per SM of a build (the merges and work table keep its bounds)
-            return self._per_sm(v.main.format(mt=mt, out=out_t, bug=bug, merge=0, xr=int(xr)), *v.launch_shape(cfg, mt, xr), info)
+            return self._per_sm(v.main.format(mt=mt, out=out_t, bug=bug, merge=0, xr=int(xr)), *v.launch_shape(cfg, mt, xr), limits)
 
         transposed = (v.extra_rows and force.xr is not False and force.merge is not Merge.IN_KERNEL
                       and 0 < shape.rows <= v.extra_rows)
@@ -177,7 +204,7 @@ class FlashKernel:
         if pl.splits > 1 and pl.merge is not Merge.IN_KERNEL:
             name, grid, merge_threads = combine_launch(
                 shape.rows, pr.B, pl.splits, info["sm_count"], cfg,
-                lambda n, t: self._per_sm(n.format(out=out_t), t, 0, info), force.combine)
+                lambda n, t: self._per_sm(n.format(out=out_t), t, 0, limits), force.combine)
             steps.append(Step(self._load(name.format(out=out_t)), grid, (merge_threads, 1, 1), 0, (sched,), (splits,)))
         return steps, pl.workspace_bytes(pr.T, pr.H), pl.splits
 
@@ -267,6 +294,13 @@ class FlashKernel:
         from kdtr.kernels.launch import capture_kernel
 
         return capture_kernel(self, problem, out_dtype)
+
+
+def _resources(loaded) -> tuple[int, int]:
+    """(registers a thread, static shared memory bytes) of a loaded build, from ptxas's report (255 and 0 where
+    the report is missing)."""
+    res = next(iter(loaded.compiled.resources.values()), None)
+    return (res.registers, res.shared_bytes) if res else (255, 0)
 
 
 def profile_build(kernel: FlashKernel) -> FlashKernel:

@@ -24,6 +24,7 @@ import numpy as np
 
 from kdtr.inputs.presets import DK, DV
 from kdtr.kernels.bugs import Bug
+from kdtr.kernels.flash.arch import RESERVED_SMEM, SM_90, SMEM_GRANULE, ArchLimits
 from kdtr.kernels.flash.force import Force, Merge, RowLayout
 
 NS_PER_KEY = 50.0
@@ -279,12 +280,58 @@ def choose_splits(prefix_max: int, T: int, bn: int, base_ctas: int, rows: int, B
     return int(split_counts([-(-prefix_max // bn)], T, bn, base_ctas, rows, B, slots)[0])
 
 
-def occupancy(threads: int, registers: int, smem: int, regs_per_sm: int = 65536, smem_per_sm: int = 233472) -> int:
-    """Resident CTAs per SM allowed by registers (allocated per warp in 256s) and shared memory."""
-    regs_per_warp = math.ceil(registers * 32 / 256) * 256
-    by_regs = regs_per_sm // (regs_per_warp * math.ceil(threads / 32))
-    by_smem = smem_per_sm // (smem + 1024)  # 1 KB per CTA reserved by the hardware
-    return max(1, min(by_regs, by_smem, 32))
+def resident_ctas(threads: int, registers: int, smem: int, limits: ArchLimits) -> int:
+    """CTAs of ``threads`` threads, ``registers`` registers a thread and ``smem`` bytes of shared memory (static and
+    dynamic) an SM of ``limits`` holds at once: bounded by its registers (allocated per warp in 256s), shared memory
+    (RESERVED_SMEM more a CTA, in SMEM_GRANULE units), threads and CTAs; 0 where one CTA does not fit."""
+    warps = math.ceil(threads / 32)
+    if smem > limits.smem_per_cta:
+        return 0
+    by_regs = limits.regs_per_sm // (max(256, math.ceil(registers * 32 / 256) * 256) * warps)
+    by_smem = limits.smem_per_sm // (-(-(smem + RESERVED_SMEM) // SMEM_GRANULE) * SMEM_GRANULE)
+    return min(by_regs, by_smem, limits.max_threads_per_sm // (32 * warps), limits.max_ctas_per_sm)
+
+
+def occupancy(threads: int, registers: int, smem: int, limits: ArchLimits = SM_90) -> int:
+    """Resident CTAs per SM (resident_ctas), at least 1: what the plan's waves count."""
+    return max(1, resident_ctas(threads, registers, smem, limits))
+
+
+def emulated_smem(threads: int, registers: int, static_smem: int, smem: int, real: ArchLimits,
+                  emulated: ArchLimits) -> tuple[int, int]:
+    """(CTAs an SM of ``emulated`` holds, the dynamic shared memory to ask for on ``real`` so that one of it holds as
+    many) for a build of ``threads`` threads, ``registers`` registers a thread and ``static_smem`` bytes of static
+    shared memory launched with ``smem`` bytes of dynamic shared memory.
+
+    Why: a kernel meant for a small SM (sm_120: 100 KB of shared memory) timed on a large one (the H200: 228 KB)
+    would have more CTAs resident an SM there than where it is meant to run (more warps to hide latency, more tiles
+    in flight, fewer waves), so its times would not be the ones it gets on its own GPU. Asking for more dynamic
+    shared memory than the kernel uses (it never touches the rest) holds this GPU's residency to the emulated one's.
+    The request is the largest that does: the SM's shared memory shared out among exactly that many CTAs, in whole
+    SMEM_GRANULE units, less the reserved KB and the static part, at most the per-CTA limit; never less than
+    ``smem``. Registers, threads and the CTA cap are counted on both archs (sm_120 has the H200's 64K registers).
+
+    ValueError, one line, where the build passes the emulated arch's per-CTA limit (it could not run there), where
+    this GPU holds fewer of its CTAs than the emulated arch (no padding raises residency), or where even the
+    largest request leaves more resident than the emulated arch holds."""
+    need = static_smem + smem
+    if need > emulated.smem_per_cta:
+        raise ValueError(f"{need} bytes of shared memory a CTA (static and dynamic) pass {emulated.name}'s "
+                         f"{emulated.smem_per_cta}: the build cannot run there")
+    n = resident_ctas(threads, registers, need, emulated)
+    if n == 0:
+        raise ValueError(f"one CTA of {threads} threads at {registers} registers does not fit an SM of {emulated.name}")
+    here = resident_ctas(threads, registers, need, real)
+    if here < n:
+        raise ValueError(f"{real.name} holds {here} CTAs an SM of this build, fewer than {emulated.name}'s {n}: "
+                         f"padding shared memory cannot raise residency")
+    share = real.smem_per_sm // n // SMEM_GRANULE * SMEM_GRANULE
+    pad = max(smem, min(share - RESERVED_SMEM, real.smem_per_cta) - static_smem)
+    got = resident_ctas(threads, registers, static_smem + pad, real)
+    if got != n:
+        raise ValueError(f"{pad} bytes of dynamic shared memory, the most {real.name} gives a CTA, leave {got} CTAs "
+                         f"an SM resident, {emulated.name} holds {n}")
+    return n, pad
 
 
 def extra_row_tiles(rows: int, tile: int, extra_rows: int) -> tuple[int, int]:
