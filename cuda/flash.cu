@@ -11,7 +11,8 @@
 // Design (numbers for the 64-row tile, MT = 4: 8 warps, 256 threads)
 //   * One latent KV stream per request (MQA): every row of the tile reads the same KV tile from
 //     shared memory; a tile is fetched once per CTA whatever the head count.
-//   * KV tiles of BN = 16 keys x 576 come in through cp.async, STAGES = 3 deep (18.7 KB each,
+//   * KV tiles of BN = 16 keys x 576 come in through cp.async, STAGES = 3 deep on the 64-row tile, 2 on
+//     the 16- and 32-row ones, so that sm_120 holds two of those CTAs an SM (18.7 KB each,
 //     rows padded to 1168 B so ldmatrix is bank-conflict free); each thread copies chunks of one
 //     key row, so the block table is read once per thread and tile.
 //   * S = Q K^T with mma.sync m16n8k16 (bf16 in, fp32 accumulate). Q stays in registers for the
@@ -28,7 +29,7 @@
 //     length, so a CUDA graph captured at other lengths stays right; the grid holds the capacity's
 //     count and the CTAs past a request's exit); the last split also takes the tail. With one split
 //     the kernel writes out/lse directly, else kdtr_flash_combine merges the fp32 partials by their LSE.
-//   Shared memory: 61.4 / 62.3 / 68.2 KB for the 16 / 32 / 64-row tiles (static_assert: <= 99 KB,
+//   Shared memory: 42.7 / 43.6 / 68.2 KB for the 16 / 32 / 64-row tiles (static_assert: <= 99 KB,
 //   sm_120's limit); above 48 KB, so the launcher raises the dynamic-shared-memory limit.
 //
 // How to run
@@ -54,7 +55,6 @@ namespace flash {
 constexpr int BN = 16;                          // keys per KV tile
 constexpr int KSTEPS = KDTR_DK / 16;            // 36 mma k-steps over 576
 constexpr int LATENT_KSTEPS = KDTR_DV / 16;     // 32: k-steps >= this are the RoPE columns
-constexpr int STAGES = 3;                       // cp.async pipeline depth
 constexpr int ROW_BYTES = KDTR_DK * 2 + 16;     // 1168: padded smem row of one key
 constexpr int CHUNKS = KDTR_DK * 2 / 16;        // 72 16-byte chunks per key row
 constexpr int STAGE_BYTES = BN * ROW_BYTES;     // 18 688
@@ -80,13 +80,14 @@ struct Tile {
   static constexpr int TPR = NTHREADS / BM;          // softmax threads per row (8 or 4)
   static constexpr int EPT = BN / TPR;               // softmax keys per thread (2 or 4)
   static constexpr int SCH = MT == 1 ? 2 : 1;        // S accumulator chains (registers allow 2 only at 16 rows)
+  static constexpr int STAGES = MT == 4 ? 3 : 2;     // cp.async pipeline depth (2: two CTAs an SM on sm_120)
 };
 
 template <int MT>
 struct Smem {                                   // byte offsets into dynamic shared memory
   static constexpr int BM = 16 * MT;
   static constexpr int kv = 0;                                  // [STAGES][BN][ROW_BYTES]
-  static constexpr int spart = kv + STAGES * STAGE_BYTES;       // float [KG][BM][BN]
+  static constexpr int spart = kv + Tile<MT>::STAGES * STAGE_BYTES;  // float [KG][BM][BN]
   static constexpr int ps = spart + Tile<MT>::KG * BM * BN * 4; // bf16  [BM][PS_STRIDE]
   static constexpr int rowf = ps + BM * PS_STRIDE * 2;          // float [2][BM] alpha | l, m
   static constexpr int tiles = rowf + 2 * BM * 4;               // int   [MAX_TAIL_TILES]
@@ -102,7 +103,7 @@ static_assert(Smem<1>::bytes <= 99 * 1024 && Smem<2>::bytes <= 99 * 1024 && Smem
 
 // Read by kdtr/kernels/flash/kernel.py (module.get_global) so the launcher never restates these numbers.
 extern "C" __constant__ int kdtr_flash_config[14] = {
-    flash::BN, flash::STAGES, flash::MAX_T,
+    flash::BN, flash::Tile<4>::STAGES, flash::MAX_T,
     flash::Smem<1>::bytes, flash::Smem<2>::bytes, flash::Smem<4>::bytes,
     flash::Tile<1>::NTHREADS, flash::Tile<2>::NTHREADS, flash::Tile<4>::NTHREADS, 32 * COMBINE_WARPS, COMBINE_MAX_CHUNKS,
     COMBINE_ROWS_MAX_SPLITS, NARROW_BATCH, COMBINE_ROWS_BATCH};
@@ -133,7 +134,7 @@ __global__ void __launch_bounds__(flash::Tile<MT>::NTHREADS, 1) kdtr_flash_verif
   using S = Smem<MT>;
   using TL = Tile<MT>;
   constexpr int BM = TL::BM, KG = TL::KG, KSTEPS_G = TL::KSTEPS_G, NTHREADS = TL::NTHREADS;
-  constexpr int NT_O = TL::NT_O, TPR = TL::TPR, EPT = TL::EPT, SCH = TL::SCH;
+  constexpr int NT_O = TL::NT_O, TPR = TL::TPR, EPT = TL::EPT, SCH = TL::SCH, STAGES = TL::STAGES;
   constexpr int COLS_W = NT_O * 8;     // output columns per warp
 
   extern __shared__ __align__(16) unsigned char smem[];
