@@ -180,9 +180,10 @@ def main() -> None:
         fail("a kernel spec is given twice: each spec once (the rounds repeat it)")
     if not gpu_available():
         fail(f"needs a CUDA GPU and cupy: {gpu_unavailable_reason()}")
-    peaks = measure_peaks()  # the roofline's two ceilings, measured in this process like the times
-    print(f"peaks on {peaks['device']}: copy {peaks['copy_gbs']:.0f} GB/s, bf16 GEMM {peaks['gemm_tflops']:.0f} TFLOP/s; "
-          f"{len(specs)} shapes, {args.rounds} rounds", flush=True)
+    peaks = measure_peaks()  # the roofline's two ceilings and the mma.sync one, measured in this process like the times
+    mma = f", mma.sync {peaks['mma_tflops']:.0f} TFLOP/s" if peaks.get("mma_tflops") else ""
+    print(f"peaks on {peaks['device']}: copy {peaks['copy_gbs']:.0f} GB/s, bf16 GEMM {peaks['gemm_tflops']:.0f} TFLOP/s"
+          f"{mma}; {len(specs)} shapes, {args.rounds} rounds", flush=True)
     rows = [time_shape(s, kernels, peaks, args) for s in specs]
     print_table(rows, [k.name for k in kernels])
     if args.json:
