@@ -18,13 +18,15 @@ from pathlib import Path
 
 from kdtr.kernels import cubin, registry as kernels, nvrtc
 from kdtr.kernels.bugs import Bug
+from kdtr.kernels.flash.arch import SM_90, SM_120
 from kdtr.inputs.presets import DTYPES
 
 ARCH_RE = re.compile(r"sm_\d+a?")
-SMEM_OPTIN_BYTES = {"sm_80": 163 * 1024, "sm_86": 99 * 1024, "sm_89": 99 * 1024, "sm_90": 227 * 1024, "sm_90a": 227 * 1024,
-                    "sm_120": 99 * 1024}
+SMEM_OPTIN_BYTES = {"sm_80": 163 * 1024, "sm_86": 99 * 1024, "sm_89": 99 * 1024, "sm_90": SM_90.smem_per_cta,
+                    "sm_90a": SM_90.smem_per_cta, "sm_120": SM_120.smem_per_cta}
 """Shared memory one block may opt into, per arch (CUDA programming guide, compute capabilities 8.0,
-8.6, 8.9, 9.0 and 12.0); builds for other archs are not held against a limit."""
+8.6, 8.9, 9.0 and 12.0; Hopper's and sm_120's from the residency table, kdtr/kernels/flash/arch.py); builds for
+other archs are not held against a limit."""
 
 
 class BuildStatus(str, enum.Enum):
