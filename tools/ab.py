@@ -181,9 +181,10 @@ def main() -> None:
     if not gpu_available():
         fail(f"needs a CUDA GPU and cupy: {gpu_unavailable_reason()}")
     peaks = measure_peaks()  # the roofline's two ceilings and the mma.sync one, measured in this process like the times
-    mma = f", mma.sync {peaks['mma_tflops']:.0f} TFLOP/s" if peaks.get("mma_tflops") else ""
-    print(f"peaks on {peaks['device']}: copy {peaks['copy_gbs']:.0f} GB/s, bf16 GEMM {peaks['gemm_tflops']:.0f} TFLOP/s"
-          f"{mma}; {len(specs)} shapes, {args.rounds} rounds", flush=True)
+    from kdtr.cli.bench import mma_text
+
+    print(f"peaks on {peaks['device']}: copy {peaks['copy_gbs']:.0f} GB/s, bf16 GEMM {peaks['gemm_tflops']:.0f} TFLOP/s, "
+          f"{mma_text(peaks)}; {len(specs)} shapes, {args.rounds} rounds", flush=True)
     rows = [time_shape(s, kernels, peaks, args) for s in specs]
     print_table(rows, [k.name for k in kernels])
     if args.json:

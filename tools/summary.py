@@ -62,9 +62,10 @@ def bench_lines(reports: list[tuple[str, dict]], targets: dict[str, float], show
     impls = list(dict.fromkeys(c["impl"] for r in rows for c in r["cells"]))
     graph = [i for i in impls if any(c["impl"] == i and not (c.get("graph_status") or "skipped").startswith("skipped")
                                      for r in rows for c in r["cells"])]  # timed or failed in a graph somewhere
-    mma = f", mma.sync {pk['mma_tflops']:.0f} TFLOP/s" if pk.get("mma_tflops") else ""  # reports before it: none
+    from kdtr.cli.bench import mma_text
+
     lines = [f"bench on {pk.get('device', '?')}: copy {pk['copy_gbs']:.0f} GB/s, bf16 GEMM {pk['gemm_tflops']:.0f} "
-             f"TFLOP/s{mma}; per implementation: us, % of the roofline, speedup over {EAGER}"
+             f"TFLOP/s, {mma_text(pk)}; per implementation: us, % of the roofline, speedup over {EAGER}"
              + ("; graph: us per launch replayed in a CUDA graph, its ratio to the direct launch" if graph else ""),
              f"{'shape':26s} {'bound':7s} {'floor us':>8s}" + "".join(f"  {i[:24]:>24s}" for i in impls)
              + "".join(f"  {(i[:18] + ' graph'):>24s}" for i in graph)]
