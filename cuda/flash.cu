@@ -102,6 +102,7 @@ static_assert(Smem<1>::bytes <= 99 * 1024 && Smem<2>::bytes <= 99 * 1024 && Smem
 }  // namespace flash
 
 // Read by kdtr/kernels/flash/kernel.py (module.get_global) so the launcher never restates these numbers.
+// STAGES is the 64-row tile's (Tile<MT>::STAGES: the 16- and 32-row tiles take 2).
 extern "C" __constant__ int kdtr_flash_config[14] = {
     flash::BN, flash::Tile<4>::STAGES, flash::MAX_T,
     flash::Smem<1>::bytes, flash::Smem<2>::bytes, flash::Smem<4>::bytes,
