@@ -63,16 +63,18 @@
 //     accumulators sit above the 24 low registers and 128 + 16 of them do not fit a consumer's 160;
 //     mma.sync waits for the tensor pipe behind the wgmma in flight, so a 72-row tile costs ~1.8
 //     64-row ones (measured: docs/PERF.md ledger, xr-rows). O^T leaves through shared memory as whole rows.
-//   * Hand-offs are named barriers: "P full" per stage (all 384 threads sync), "tile landed" per
-//     stage (consumers arrive once their copies land, LEAD tiles ahead; the producer syncs; it also
-//     tells the producer the stage's P buffer is free), "consumers done" (256) and the final
-//     statistics (all 384 sync). compute-sanitizer racecheck reports the rescale-factor and row-sum
-//     hand-offs although bar.sync on both sides orders them (docs/KERNELS.md, the hand-offs).
+//   * Hand-offs. Data the producer's threads write and the consumers' threads read (P, alpha, P_x, the
+//     final row statistics) go over mbarriers, "P full" per stage and "statistics": every producer
+//     thread arrives after its stores, the consumers wait on the phase. compute-sanitizer racecheck
+//     follows that; a named barrier both roles bar.sync it did not (docs/KERNELS.md, the hand-offs).
+//     Named barriers remain for "tile landed" per stage (consumers arrive once their copies land, LEAD
+//     tiles ahead; the producer syncs; it also tells the producer the stage's P buffer is free),
+//     "consumers done" (256) and the prologue's tail list.
 //   * The ROWS_EXTRA build hands the 64 rows' rescale factors over early: the producer computes the
-//     rows' maxima, stores alpha and arrives on the stage's mbarrier (every named barrier is taken)
-//     before it computes P, and each consumer warp rescales O there, off the path from "P full" to
-//     P V's issue (the same bits; Kimi T9 B8-B32 3 % faster; the 64-row builds were 1-2 % slower
-//     with it, so they keep the alpha beside P).
+//     rows' maxima, stores alpha and arrives on the stage's alpha mbarrier before it computes P, and
+//     each consumer warp rescales O there, off the path from "P full" to P V's issue (the same bits;
+//     Kimi T9 B8-B32 3 % faster; the 64-row builds were 1-2 % slower with it, so they keep the alpha
+//     beside P).
 //   * Registers: the producer keeps Q's 512 latent columns as A fragments (128 registers); its 64
 //     RoPE columns sit in shared memory as one more swizzled slab (the last 4 k-steps of S read
 //     both operands from shared memory).
@@ -84,8 +86,8 @@
 //     and leave as 512-byte row pieces, one per warp store (DeepSeek T65 P8k ~1 us faster than each
 //     thread's own 32-byte stores); transposed-row builds and direct outputs store from registers.
 //   Shared memory: STAGES x (36 864 (KV) + 4 KB (P) + 512 B (P_x)) + 8 KB (Q RoPE) + 9 KB (Q_x) + row
-//   factors, tail-tile list and mbarriers = 184 848 B at 4 stages (the 64-row builds; sm_90a allows
-//   227 KB a CTA) and 101 296 B at 2 (the all-transposed build, two CTAs an SM): static_asserts. The
+//   factors, tail-tile list and mbarriers = 184 888 B at 4 stages (the 64-row builds; sm_90a allows
+//   227 KB a CTA) and 101 320 B at 2 (the all-transposed build, two CTAs an SM): static_asserts. The
 //   base must be 1 KB aligned (swizzle atoms; no static shared memory, and the kernel traps if not).
 //
 // How to run
@@ -152,15 +154,14 @@ constexpr int MAX_TAIL_TILES = MAX_T / BN;      // 40
 constexpr int TMA_BOX_COLS = 64;                // a TMA box: 64 columns (one 128-byte swizzle row) x BN keys
 constexpr int TMA_BOX_SLABS = KDTR_DK / TMA_BOX_COLS;  // x all 9 slabs: one box is one whole tile
 
-// named barriers (0 is __syncthreads: only the ROWS_EXTRA build's tail-tile scan, before the roles split). Every data
-// hand-off between the roles is a bar.sync on both sides; bar.arrive only says "tile landed" (cp.async wrote the tile,
-// wgmma reads it) and "tail list ready".
-constexpr int BAR_STATS = 1;                  // final row statistics written (384)
-constexpr int BAR_CONS = 2;                   // both consumers' P V of a tile done: its stage may be refilled (256)
-constexpr int BAR_XMAX = 3;                   // S^T's row maxima exchanged between producer warps 0 and 1 (64)
-constexpr int BAR_SCAN = 4;                   // the producer's Q slabs landed and the consumers' tail-tile scan done (384)
-constexpr int BAR_P_FULL = 5;                 // + stage: P of the stage's tile written; all 384 sync
-// BAR_P_FULL + STAGES + stage: the consumers' cp.async copies of the stage's tile landed; they arrive, producer syncs
+// named barriers (0 is __syncthreads: only the ROWS_EXTRA build's tail-tile scan, before the roles split). The
+// producer -> consumer data hand-offs are mbarriers (Smem::pbars, Smem::sbar); bar.arrive says "tile landed"
+// (cp.async wrote the tile, wgmma reads it) and "tail list ready".
+constexpr int BAR_CONS = 1;                   // both consumers' P V of a tile done: its stage may be refilled (256)
+constexpr int BAR_XMAX = 2;                   // S^T's row maxima exchanged between producer warps 0 and 1 (64)
+constexpr int BAR_SCAN = 3;                   // the producer's Q slabs landed and the consumers' tail-tile scan done (384)
+constexpr int BAR_TILE = 4;                   // + stage: the consumers' cp.async copies of the stage's tile landed;
+                                              // they arrive, the producer syncs (384)
 
 // The transposed rows (ROWS_EXTRA): a CTA whose request has R = 64 k + x rows, 0 < x <= XR_MAX,
 // takes the x rows past its 64 as the N of transposed products, S^T = K Q_x^T (wgmma m64n8k16, A = the
@@ -192,13 +193,16 @@ struct Smem {                                   // byte offsets into dynamic sha
                                                                     // by tile parity; before stats is written (warps 0-1)
   static constexpr int abars = bars + STAGES * 8;                   // u64 [STAGES] mbarriers: the stage's alpha
                                                                     // written (the early hand-off, ROWS_EXTRA)
-  static constexpr int bytes = abars + STAGES * 8;
+  static constexpr int pbars = abars + STAGES * 8;                  // u64 [STAGES] mbarriers "P full": P, alpha and
+                                                                    // P_x of the stage's tile written (128 arrivals)
+  static constexpr int sbar = pbars + STAGES * 8;                   // u64 mbarrier: the final row statistics written
+  static constexpr int bytes = sbar + 8;
 
   static_assert(2 * 2 * XR_MAX <= 32, "xmax fits the stats of producer warps 0-1's rows");
   static_assert(qx % 1024 == 0 && qs % 1024 == 0, "swizzled operands start on a 1 KB swizzle atom");
   static_assert(MAX_TAIL_TILES * 4 <= STAGES * ROWS * 4, "the live flags fit the alpha they alias");
   static_assert(MAX_TAIL_TILES <= 255 && count % 4 == 0, "tail tiles as bytes");
-  static_assert(STAGES >= 2 && BAR_P_FULL + 2 * STAGES <= 16, "2+ stages, within the 16 named barriers");
+  static_assert(STAGES >= 2 && BAR_TILE + STAGES <= 16, "2+ stages, within the 16 named barriers");
 };
 // sm_90a's 227 KB a CTA; the all-transposed build two CTAs to an SM (228 KB an SM, 1 KB of it reserved per CTA)
 static_assert(Smem<STAGES_TILES>::bytes <= 227 * 1024, "the 64-row builds' shared memory within sm_90a's 227 KB a CTA");
@@ -477,15 +481,14 @@ __device__ __forceinline__ float sum_over_g(float x) {
   return x;
 }
 
-// P_x's four core matrices (the B fragments of both k-steps of O^T) by ldmatrix: its own copy of the
-// load, so that racecheck names a line that says which hand-off it is.
+// P_x's four core matrices (the B fragments of both k-steps of O^T) by ldmatrix.
 __device__ __forceinline__ void ld_px_fragments(unsigned (&r)[4], unsigned addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"  // P_x hand-off (read)
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr) : "memory");  // P_x hand-off (read)
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr) : "memory");
 }
 
 __device__ __forceinline__ void st_shared_u16(unsigned addr, unsigned short v) {  // P_x's stores only
-  asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(addr), "h"(v) : "memory");  // P_x hand-off (write)
+  asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(addr), "h"(v) : "memory");
 }
 
 }  // namespace flash_sm90
@@ -552,17 +555,20 @@ __global__ void __launch_bounds__(flash_sm90::NTHREADS, XR == flash_sm90::ROWS_T
   constexpr int STAGES = XONLY ? STAGES_TRANSPOSED : STAGES_TILES, LEAD = S_FIRST ? 2 : 1;
   static_assert(STAGES > LEAD, "a tile announced LEAD tiles ahead was copied into a stage P V no longer reads");
   using Smem = flash_sm90::Smem<STAGES>;
-  constexpr int BAR_TILE = BAR_P_FULL + STAGES;  // + stage (see the barrier list)
   extern __shared__ __align__(1024) unsigned char smem[];
   const unsigned base = kdtr::smem_addr(smem);  // Smem offsets from here; TMA and wgmma's swizzle need 1 KB alignment
   if (base & 1023u) __trap();                   // the hardware gives it (no static shared memory); stop loudly if not
   if (WORK_TABLE && sched.table_offset < 0) __trap();  // the work-table build needs its table (others ignore it)
   const unsigned bars = base + Smem::bars;      // u64 mbarrier of stage st at bars + 8 st
   const unsigned abars = base + Smem::abars;    // EARLY: u64 mbarrier of stage st's alpha at abars + 8 st
+  const unsigned pbars = base + Smem::pbars;    // u64 mbarrier "P full" of stage st at pbars + 8 st
+  const unsigned sbar = base + Smem::sbar;      // u64 mbarrier: the final row statistics
   auto init_mbarriers = [&] {  // by one thread, before any use: the block scan's or the consumers' (CONSUMER_SCAN)
     for (int st = 0; st < STAGES; ++st) mbar_init(bars + st * 8, 1);
     if (EARLY)
       for (int st = 0; st < STAGES; ++st) mbar_init(abars + st * 8, 128);  // every producer thread arrives
+    for (int st = 0; st < STAGES; ++st) mbar_init(pbars + st * 8, 128);  // every producer thread arrives
+    mbar_init(sbar, 128);
     mbar_init_fence();
   };
   kdtr::pdl_launch_dependents();  // the combine launch may take SMs as they free up; it waits for this grid
@@ -797,7 +803,7 @@ __global__ void __launch_bounds__(flash_sm90::NTHREADS, XR == flash_sm90::ROWS_T
             alpha[h] = ex2(m_run[h] - m_use[h]);  // 0 while nothing was seen: O and l are still zero
             m_run[h] = m_new;
           }
-          // alpha(i)'s slots were last read by the consumers before "P full"(i - STAGES + 1), which this thread passed
+          // alpha(i)'s slots were last read by the consumers in iteration i - STAGES, before they refilled tile i's stage
           if (tq == 0) {
             alpha_s[stage * ROWS + ww * 16 + g] = alpha[0];
             alpha_s[stage * ROWS + ww * 16 + g + 8] = alpha[1];
@@ -891,7 +897,11 @@ __global__ void __launch_bounds__(flash_sm90::NTHREADS, XR == flash_sm90::ROWS_T
         issue_s(i + 1, s, sx);
         laps.lap(1);
       }
-      bar_sync(BAR_P_FULL + stage, NTHREADS);  // measured faster than arriving
+      // "P full"(i): every producer thread arrives after its own stores (release); the consumers wait on the
+      // phase. racecheck orders a thread's stores only by its own arrival (lane 0 arriving for its warp after
+      // __syncwarp was named a race). Without the __syncwarp ptxas spilled the ROWS_EXTRA producer.
+      __syncwarp();
+      mbar_arrive(pbars + stage * 8);
       laps.lap(4);
     }
     laps.flush(kdtr::PROFILE_PRODUCER, n_tiles);
@@ -934,7 +944,7 @@ __global__ void __launch_bounds__(flash_sm90::NTHREADS, XR == flash_sm90::ROWS_T
       if (tq == 0 && r < R) write_lse(r, m, l);
     }
     if (MERGE_HERE && !direct) __threadfence();  // lse before the consumers' merge ticket
-    bar_sync(BAR_STATS, NTHREADS);  // a sync on both sides like every hand-off (the producer has nothing left to do)
+    mbar_arrive(sbar);  // the statistics (and, MERGE_HERE, the lse fenced above) to the consumers
   } else {
     // ================= consumers: tile copies, O[:, c*256..+256] += P V =================
     if (MAIN) set_max_regs_dec<CONSUMER_REGS>();
@@ -1077,7 +1087,7 @@ __global__ void __launch_bounds__(flash_sm90::NTHREADS, XR == flash_sm90::ROWS_T
         mbar_wait(abars + stage * 8, (i / STAGES) & 1);
         rescale_o(alpha_s[stage * ROWS + ww * 16 + g], alpha_s[stage * ROWS + ww * 16 + g + 8]);
       }
-      bar_sync(BAR_P_FULL + stage, NTHREADS);
+      mbar_wait(pbars + stage * 8, (i / STAGES) & 1);  // "P full"(i)
       laps.lap(0);
       const float a0 = MAIN && !EARLY ? alpha_s[stage * ROWS + ww * 16 + g] : 1.f,
                   a1 = MAIN && !EARLY ? alpha_s[stage * ROWS + ww * 16 + g + 8] : 1.f;
@@ -1150,15 +1160,16 @@ __global__ void __launch_bounds__(flash_sm90::NTHREADS, XR == flash_sm90::ROWS_T
       laps.lap(4);
     }
     if (c == 0) laps.flush(kdtr::PROFILE_CONSUMER, n_tiles);
+    // both consumers' last P V done (they sync with each other only at BAR_CONS): the KV stages are free
+    bar_sync(BAR_CONS, 256);
 
     // ---- epilogue: out (one split) or fp32 partials (several; staged as row pieces where ROW_STORES) ----
     auto orow_of = [&](int r) {  // element offset of row r in out or in this split's partials
       return direct ? ((long long)b * R + r) * KDTR_DV : prow(r) * KDTR_DV;
     };
     // O^T goes to shared memory first, as rows: its registers are free before the 64 rows' stores (held
-    // through them, the build spilled) and the rows leave in whole lines. KV stage n_tiles % STAGES is
-    // free: both consumers finished P V of its last tile before "P full" of tile n_tiles - 1, and
-    // nothing refills it.
+    // through them, the build spilled) and the rows leave in whole lines, through KV stage n_tiles % STAGES
+    // (free since the barrier above).
     float* xs = reinterpret_cast<float*>(smem + Smem::kv + (n_tiles % STAGES) * STAGE_BYTES);  // float [XR_MAX][512]
     if (XR && has_x) {
 #pragma unroll
@@ -1168,7 +1179,7 @@ __global__ void __launch_bounds__(flash_sm90::NTHREADS, XR == flash_sm90::ROWS_T
           xs[(2 * tq + (e & 1)) * KDTR_DV + (XONLY ? (4 * c + j) * 64 + 16 * ww : (4 * c + ww) * 64 + 16 * j) + g + 8 * (e >> 1)] =
               accx[j][e];  // XONLY: m-block j is slab 4 c + j, warp ww its rows 16 ww..; else warp ww's slab, m-tile j
     }
-    bar_sync(BAR_STATS, NTHREADS);
+    mbar_wait(sbar, 0);  // the final row statistics
     constexpr bool ROW_STORES = MAIN && !XR;  // transposed rows keep O^T in a stage: stores from registers
     const bool staged = ROW_STORES && !direct;  // partials go out as row pieces; out (one split) from registers
     if (staged) {

@@ -7,8 +7,7 @@
 #   check     GPU tests (naive grid, built-ins on ci with --repeat 3, every planted bug, crash isolation;
 #             not the sanitizer ones), then `kdtr verify` on ci (--repeat 3) for naive, flash, flash-sm90
 #   sanitize  `kdtr verify --sanitize` memcheck and racecheck on ci for the three kernels (at once), then the
-#             sanitizer tests (racecheck reports flash-sm90's barrier-ordered shared-memory hand-offs as SANITIZER;
-#             the tests pass them only where every line it names is one of those hand-offs)
+#             sanitizer tests (every kernel clean; racecheck names a planted missing hand-off)
 #   long      generate the long suite (CPU reference), verify naive, flash, flash-sm90 on it
 #   forced    ci verify (--repeat 3) of each forced plan branch in FORCED below (kernel-spec suffixes)
 #   graph     `kdtr verify --graph` (captured at P = 0, 1, 1024, replayed at each case) of the three kernels and the
