@@ -298,11 +298,6 @@ __device__ __forceinline__ void reg_fence(float (&d)[N]) {
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
-__device__ __forceinline__ unsigned pack_bf16(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const unsigned*>(&v);
-}
-
 // 2^x on the SFU, flushing denormals (P and alpha need no more).
 __device__ __forceinline__ float ex2(float x) {
   float y;
@@ -870,7 +865,7 @@ __global__ void __launch_bounds__(flash_sm90::NTHREADS, XR == flash_sm90::ROWS_T
 #pragma unroll
         for (int e = 0; e < (MAIN ? S_REGS : 0); e += 2) {
           const int row = ww * 16 + g + 8 * ((e >> 1) & 1), j = e >> 2;
-          st_shared_u32(pb + ((row >> 3) * 4 + j) * 128 + (row & 7) * 16 + tq * 4, pack_bf16(s[e], s[e + 1]));
+          st_shared_u32(pb + ((row >> 3) * 4 + j) * 128 + (row & 7) * 16 + tq * 4, kdtr::pack_bf16(s[e], s[e + 1]));
         }
         if (MAIN && !EARLY && tq == 0) {
           alpha_s[stage * ROWS + ww * 16 + g] = alpha[0];

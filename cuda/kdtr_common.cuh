@@ -108,6 +108,12 @@ __device__ __forceinline__ void ldsm_x4_trans(unsigned (&r)[4], unsigned addr) {
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
 }
 
+// two floats as the bf16 pair of one 32-bit mma operand register (lo in the low half), rounded to nearest
+__device__ __forceinline__ unsigned pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const unsigned*>(&v);
+}
+
 // C[16x8] += A[16x16] (row) * B[16x8] (col), bf16 in, fp32 accumulate.
 __device__ __forceinline__ void mma_bf16(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
   asm volatile(

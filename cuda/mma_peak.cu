@@ -38,27 +38,15 @@ constexpr int CHAINS = 8;      // independent m16n8k16 accumulators a warp (32 r
 extern "C" __constant__ int kdtr_mma_peak_shape[2] = {mma_peak::THREADS, mma_peak::CHAINS};
 
 // ---------------------------------------------------------------------------------------------
-// device helpers
-// ---------------------------------------------------------------------------------------------
-namespace mma_peak {
-
-// two bf16 of the thread's own values (small, of both signs: the sums stay finite for any iters)
-__device__ __forceinline__ unsigned bf16_pair(float x, float y) {
-  const __nv_bfloat162 h = __floats2bfloat162_rn(x, y);
-  return *reinterpret_cast<const unsigned*>(&h);
-}
-
-}  // namespace mma_peak
-
-// ---------------------------------------------------------------------------------------------
 // kernel
 // ---------------------------------------------------------------------------------------------
 extern "C" __global__ void __launch_bounds__(mma_peak::THREADS, 1) kdtr_mma_peak(float* out, int iters) {
   using namespace mma_peak;
   const int tid = threadIdx.x;
   const float x = 0.0625f * static_cast<float>((tid & 15) + 1), y = -0.03125f * static_cast<float>((tid >> 5) + 1);
-  const unsigned a[4] = {bf16_pair(x, y), bf16_pair(y, x), bf16_pair(-x, y), bf16_pair(x, -y)};
-  const unsigned b0 = bf16_pair(y, -x), b1 = bf16_pair(-y, x);
+  // the fragments: two bf16 of the thread's own values each (small, of both signs: the sums stay finite for any iters)
+  const unsigned a[4] = {kdtr::pack_bf16(x, y), kdtr::pack_bf16(y, x), kdtr::pack_bf16(-x, y), kdtr::pack_bf16(x, -y)};
+  const unsigned b0 = kdtr::pack_bf16(y, -x), b1 = kdtr::pack_bf16(-y, x);
   float c[CHAINS][4];
 #pragma unroll
   for (int i = 0; i < CHAINS; ++i) c[i][0] = c[i][1] = c[i][2] = c[i][3] = 0.f;
