@@ -14,10 +14,21 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[$(EXTRAS)]'
 	touch $(STAMP)
 
+# The oldest NVRTC pyproject.toml allows (and the lent GPUs' version), unpacked beside the venv, where
+# tests/kernels/test_compile_oldest_nvrtc.py compiles every shipped build with it.
+NVRTC_MIN  ?= 13.0.88
+NVRTC_DIR  := $(VENV)/nvrtc-$(NVRTC_MIN)
+
+$(NVRTC_DIR)/.unpacked: | $(STAMP)
+	$(BIN)/python -m pip download -q --no-deps --only-binary=:all: -d $(NVRTC_DIR) 'nvidia-cuda-nvrtc==$(NVRTC_MIN)'
+	$(BIN)/python -m zipfile -e $(NVRTC_DIR)/nvidia_cuda_nvrtc-$(NVRTC_MIN)-*.whl $(NVRTC_DIR)
+	rm -f $(NVRTC_DIR)/*.whl
+	touch $@
+
 install: $(STAMP)
 
 ## Every test this machine can run (GPU tests skip cleanly without a GPU).
-test: $(STAMP)
+test: $(STAMP) $(NVRTC_DIR)/.unpacked
 	$(BIN)/python -m pytest -q
 
 ## GPU tests only (on a machine with a CUDA GPU and cupy: EXTRAS=test,cuda13 or test,cuda12).
