@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[$(EXTRAS)]'
 	touch $(STAMP)
 
-# The oldest NVRTC pyproject.toml allows (and the lent GPUs' version), unpacked beside the venv, where
+# NVRTC 13.0, the oldest minor pyproject.toml allows (13.0.88: the lent GPUs' release), unpacked beside the venv, where
 # tests/kernels/test_compile_oldest_nvrtc.py compiles every shipped build with it.
 NVRTC_MIN  ?= 13.0.88
 NVRTC_DIR  := $(VENV)/nvrtc-$(NVRTC_MIN)
