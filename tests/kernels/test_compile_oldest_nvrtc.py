@@ -30,7 +30,7 @@ CHILD = r"""
 import json, sys
 from pathlib import Path
 from kdtr.kernels import nvrtc
-lib = sorted(Path(sys.argv[1]).glob("nvidia/cu13/lib/libnvrtc.so.13"))[0]
+lib = Path(sys.argv[1])
 include = next(inc for _, inc in nvrtc._candidates() if inc and (inc / "cuda_bf16.h").exists())
 nvrtc._candidates = lambda: [(lib, include)]  # this NVRTC and the headers kdtr already uses
 src, names, arch = sys.argv[2], json.loads(sys.argv[3]), sys.argv[4]
@@ -45,10 +45,9 @@ print(json.dumps(out))
 
 def compile_with_oldest(src: Path, names: list[str], arch: str) -> dict:
     """Compile in a child process with the oldest NVRTC loaded: {"version": [13, 0], "error": None or text}."""
-    root = OLDEST[-1]
-    env = dict(os.environ, LD_LIBRARY_PATH=os.pathsep.join(
-        [str(next(root.glob("nvidia/cu13/lib"))), os.environ.get("LD_LIBRARY_PATH", "")]))
-    run = subprocess.run([sys.executable, "-c", CHILD, str(root), str(src), json.dumps(names), arch],
+    lib = OLDEST[-1] / "nvidia" / "cu13" / "lib" / "libnvrtc.so.13"
+    env = dict(os.environ, LD_LIBRARY_PATH=os.pathsep.join([str(lib.parent), os.environ.get("LD_LIBRARY_PATH", "")]))
+    run = subprocess.run([sys.executable, "-c", CHILD, str(lib), str(src), json.dumps(names), arch],
                          capture_output=True, text=True, env=env, timeout=1500)
     assert run.returncode == 0, run.stderr[-2000:]
     return json.loads(run.stdout.strip().splitlines()[-1])
