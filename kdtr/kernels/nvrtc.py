@@ -143,6 +143,22 @@ def _candidates() -> list[tuple[Path | str, Path | None]]:
     return out
 
 
+_PINNED: list[tuple[Path, Path | None]] = []
+"""use_library's choice: the one (library, include dir) pair _load tries; empty: the search above."""
+
+
+def use_library(path: str | Path | None) -> None:
+    """Load NVRTC from the file ``path`` from now on, with the CUDA headers kdtr finds as usual (``None``: search
+    again). For comparing NVRTC versions: call it first thing in a process of its own, since a library once
+    loaded stays in that process. A library that does not load raises NvrtcUnavailable, never a fallback."""
+    if path is None:
+        _PINNED.clear()
+    else:
+        include = next((inc for _, inc in _candidates() if inc is not None and (inc / "cuda_bf16.h").exists()), None)
+        _PINNED[:] = [(Path(path), include)]
+    _load.cache_clear()
+
+
 class _Lib:
     def __init__(self, lib: ctypes.CDLL, path: str, include: Path | None):
         self.lib, self.path, self.include = lib, path, include
@@ -163,7 +179,7 @@ class _Lib:
 @lru_cache(maxsize=1)
 def _load() -> _Lib:
     tried = []
-    for lib, inc in _candidates():
+    for lib, inc in _PINNED or _candidates():
         try:
             handle = ctypes.CDLL(str(lib))
             handle.nvrtcVersion  # noqa: B018 - make sure it really is NVRTC

@@ -168,6 +168,20 @@ def test_parse_resources():
     assert (r.registers, r.barriers, r.shared_bytes, r.stack_frame, r.spill_stores, r.spill_loads) == (40, 1, 1024, 24, 8, 4)
 
 
+def test_a_chosen_library_that_does_not_load_fails_and_none_searches_again():
+    """use_library pins NVRTC to one file: one that does not load is an error naming it, not a silent fallback
+    to another NVRTC (a version comparison would then compare nothing); None restores the search."""
+    was = nvrtc.available()
+    nvrtc.use_library("/nonexistent/libnvrtc.so.13")
+    try:
+        assert not nvrtc.available()
+        with pytest.raises(nvrtc.NvrtcUnavailable, match="/nonexistent/libnvrtc.so.13"):
+            nvrtc.version()
+    finally:
+        nvrtc.use_library(None)
+    assert nvrtc.available() == was
+
+
 def test_missing_nvrtc_names_the_pip_package(monkeypatch):
     monkeypatch.setattr(nvrtc, "_candidates", lambda: [("/nonexistent/libnvrtc.so.13", None)])
     nvrtc._load.cache_clear()

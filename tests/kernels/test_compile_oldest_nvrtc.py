@@ -30,9 +30,7 @@ CHILD = r"""
 import json, sys
 from pathlib import Path
 from kdtr.kernels import nvrtc
-lib = Path(sys.argv[1])
-include = next(inc for _, inc in nvrtc._candidates() if inc and (inc / "cuda_bf16.h").exists())
-nvrtc._candidates = lambda: [(lib, include)]  # this NVRTC and the headers kdtr already uses
+nvrtc.use_library(sys.argv[1])  # this NVRTC, with the headers kdtr already uses
 src, names, arch = sys.argv[2], json.loads(sys.argv[3]), sys.argv[4]
 out = {"version": list(nvrtc.version()), "error": None}
 try:
