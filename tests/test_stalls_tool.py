@@ -21,7 +21,7 @@ def _stalls():
     return mod
 
 
-ROWS = [  # (SASS, samples, executions, wait, barrier): a prologue, then a two-barrier loop run 100 times
+ROWS = [  # (SASS, samples, executions, wait, barrier): a prologue, then 100 passes of a two-barrier loop
     ("MOV R1, R2", 1, 10, 1, 0),
     ("BAR.SYNC.DEFER_BLOCKING 0x0", 0, 100, 0, 0),
     ("HMMA.16816.F32.BF16 R4, R8, R12, R4", 160, 100, 150, 10),
@@ -50,17 +50,17 @@ def test_sections_split_at_each_barrier_with_its_passes(tmp_path):
     assert [(a, b) for a, b, *_ in got] == [(0, 0), (1, 3), (4, 5)]
     top, loop, tail = got
     assert loop[2] == 170 and loop[3] == {"wait": 160.0, "barrier": 10.0} and loop[4] / loop[5] == 3  # 3 a pass
-    assert tail[2] == 29 and tail[4] / tail[5] == 4  # the FMUL runs 3 times a pass: 1 + 3
+    assert tail[2] == 29 and tail[4] / tail[5] == 4  # the FMUL executes 3 times a pass: 1 + 3
     assert top[5] == 10  # no barrier above the first stretch: its first instruction's count
 
 
 def test_the_sections_table_prints_each_stretch_share(tmp_path):
     path = tmp_path / "stalls.csv"
     _write(path)
-    run = subprocess.run([sys.executable, str(TOOL), str(path), "2", "--sections"], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, str(TOOL), str(path), "2", "--sections"], capture_output=True, text=True,
                          timeout=60)
-    assert run.returncode == 0, run.stderr
-    lines = run.stdout.splitlines()
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
     assert lines[0].endswith("6 instructions, 200 samples")
     assert any(line.split()[:2] == ["1-3", "85.0%"] and "3 instructions x 100 passes" in line for line in lines), lines
     assert any(line.split()[:2] == ["4-5", "14.5%"] for line in lines), lines
@@ -70,5 +70,5 @@ def test_the_sections_table_prints_each_stretch_share(tmp_path):
 def test_a_csv_without_the_sample_column_is_one_line_and_exit_2(tmp_path):
     path = tmp_path / "other.csv"
     path.write_text("Address,Source\n0x0,MOV R1, R2\n")
-    run = subprocess.run([sys.executable, str(TOOL), str(path)], capture_output=True, text=True, timeout=60)
-    assert run.returncode == 2 and run.stderr.count("\n") == 1 and "Warp Stall Sampling" in run.stderr, run.stderr
+    proc = subprocess.run([sys.executable, str(TOOL), str(path)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "Warp Stall Sampling" in proc.stderr, proc.stderr
