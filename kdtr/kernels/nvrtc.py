@@ -143,6 +143,11 @@ def _candidates() -> list[tuple[Path | str, Path | None]]:
     return out
 
 
+def _has_headers(include: Path | None) -> bool:
+    """Does this include dir hold the CUDA headers the kernels need (cuda_bf16.h)?"""
+    return include is not None and (include / "cuda_bf16.h").exists()
+
+
 _PINNED: list[tuple[Path, Path | None]] = []
 """use_library's choice: the one (library, include dir) pair _load tries; empty: the search above."""
 
@@ -154,7 +159,7 @@ def use_library(path: str | Path | None) -> None:
     if path is None:
         _PINNED.clear()
     else:
-        include = next((inc for _, inc in _candidates() if inc is not None and (inc / "cuda_bf16.h").exists()), None)
+        include = next((inc for _, inc in _candidates() if _has_headers(inc)), None)
         _PINNED[:] = [(Path(path), include)]
     _load.cache_clear()
 
@@ -186,7 +191,7 @@ def _load() -> _Lib:
         except (OSError, AttributeError) as e:
             tried.append(f"{lib} ({e.__class__.__name__})")
             continue
-        return _Lib(handle, str(lib), inc if inc is not None and (inc / "cuda_bf16.h").exists() else None)
+        return _Lib(handle, str(lib), inc if _has_headers(inc) else None)
     raise NvrtcUnavailable(f"NVRTC library not found; {_INSTALL_HINT}" + (f" [tried: {', '.join(tried)}]" if tried else ""))
 
 
