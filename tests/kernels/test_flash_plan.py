@@ -6,7 +6,8 @@ import pytest
 from kdtr.kernels.bugs import Bug
 from kdtr.kernels.flash.force import Force, Merge, RowLayout
 from kdtr.kernels.flash.arch import SM_90, SM_120, ArchLimits
-from kdtr.kernels.flash.plan import Build, Device, Shape, emulated_smem, occupancy, plan, resident_ctas, row_tile_m
+from kdtr.kernels.flash.plan import (Build, Device, Shape, choose_row_tile, emulated_smem, occupancy, plan, resident_ctas,
+                                    row_tile_choices)
 
 H200_SMS = 132
 BN = 32  # flash-sm90's KV tile (the plan reads it from the compiled module)
@@ -15,13 +16,29 @@ BN = 32  # flash-sm90's KV tile (the plan reads it from the compiled module)
 def plan_of(B, T, H, prefix_max, mt=None, ctas_per_sm=1, bug=0, can_merge=False, extra_rows=0, transposed_ctas_per_sm=0,
             sm_count=H200_SMS, **force):
     """plan() of one shape on an H200-sized GPU with flash-sm90's KV tile; ``force``: Force's fields."""
-    build = Build(mt or row_tile_m(T * H), BN, ctas_per_sm, bug, can_merge, extra_rows, transposed_ctas_per_sm)
+    build = Build(mt or max(row_tile_choices(T * H)), BN, ctas_per_sm, bug, can_merge, extra_rows, transposed_ctas_per_sm)
     return plan(Shape(B, T, H, prefix_max), Device(sm_count), build, Force(**force))
 
 
-@pytest.mark.parametrize("rows, mt", [(1, 1), (16, 1), (17, 2), (72, 2), (128, 2), (129, 4), (16 * 1025, 4)])
-def test_row_tile_is_the_smallest_that_holds_the_rows(rows, mt):
-    assert row_tile_m(rows) == mt
+@pytest.mark.parametrize("rows, mts", [(1, (1,)), (16, (1,)), (17, (2,)), (72, (2,)), (128, (2,)), (129, (2, 4)),
+                                       (16 * 1025, (2, 4))])
+def test_row_tile_choices_by_rows(rows, mts):
+    assert row_tile_choices(rows) == mts
+
+
+@pytest.mark.parametrize("T, want", [(65, 2), (257, 4), (513, 4)])
+@pytest.mark.parametrize("B", [1, 8])
+@pytest.mark.parametrize("P", [8192, 32768, 131072])
+def test_the_model_picks_the_row_tile_mt32_again_measured_faster(T, want, B, P):
+    """flash (16-key tiles) on the compute set at its residency (one 64-row CTA an SM, two 32-row ones): `mt32-again`
+    measured 32-row tiles 1.05-1.28x faster on every T65 shape and 0.96-0.99x on every T257 / T513 one."""
+    builds = [Build(2, 16, 2), Build(4, 16, 1)]
+    assert choose_row_tile(Shape(B, T, 16, P), Device(H200_SMS), builds).mt == want
+
+
+def test_a_single_row_tile_is_taken_unpriced():
+    only = Build(4, 16, 1)
+    assert choose_row_tile(Shape(1, 65, 16, 8192), Device(H200_SMS), [only]) is only
 
 
 def test_one_long_request_fills_the_gpu_with_splits():

@@ -78,6 +78,16 @@ def test_the_plans_own_choices(faked):
     assert t9[1][:2] == ("kdtr_flash_combine_narrow<__nv_bfloat16, 64, 4>", (72, 1, 8))
 
 
+@pytest.mark.parametrize("B", [1, 8])
+@pytest.mark.parametrize("T, mt", [(65, 2), (257, 4)])
+def test_flash_weighs_its_row_tiles_past_128_rows(faked, B, T, mt):
+    """DeepSeek T65 (1040 rows) runs on 32-row tiles, T257 on 64-row ones (plan.choose_row_tile at the faked
+    builds' residency); the launch is that tile's: its threads and its CTAs along x."""
+    (main, *_), steps, _, _ = faked("flash", B, T, 16, 32768, full=True)
+    assert main[0] == f"kdtr_flash_verify<{mt}, __nv_bfloat16, 0>"
+    assert main[1][0] == -(-T * 16 // (16 * mt)) and steps[0].block == (CONFIGS["flash"][f"THREADS_MT{mt}"], 1, 1)
+
+
 def test_xr_0_keeps_the_64_row_build_which_merges_in_the_kernel(faked):
     (one,) = faked("flash-sm90[xr=0]", 1, 1, 8, 131072)
     assert one[0] == "kdtr_flash_sm90_verify<__nv_bfloat16, 0, 1, 0>" and one[1][0] == 1
@@ -161,7 +171,7 @@ def test_occupancy_sm_120_plans_with_its_residency_and_pads_every_launch_to_it(f
     (plain, *_), steps, _, _ = faked("flash", B, T, H, P, full=True)
     made, emulated, _, _ = faked("flash[occupancy=sm_120]", B, T, H, P, full=True)
     k = resolve_kernel("flash")
-    mt = k.variant.mt_for(T * H)
+    mt = int(plain[0].split("<")[1].split(",")[0])  # the row tile the plan chose
     threads, smem = k.variant.launch_shape(cfg, mt)
     assert steps[0].smem == smem and emulated[0].block == steps[0].block == (threads, 1, 1)
     for launches, ctas in ((steps, occupancy(threads, 168, smem, SM_90)), (emulated, occupancy(threads, 168, smem, SM_120))):

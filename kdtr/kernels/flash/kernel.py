@@ -23,7 +23,8 @@ from kdtr.kernels.flash import device_plan
 from kdtr.kernels.flash.combine import COMBINE, COMBINE_JOBS, combine_launch
 from kdtr.kernels.flash.force import Force, Merge, RowLayout
 from kdtr.kernels.flash.arch import EMULATED_ARCHS, ArchLimits
-from kdtr.kernels.flash.plan import Build, Device, Shape, choose_work_table, emulated_smem, occupancy, plan, row_tile_m
+from kdtr.kernels.flash.plan import (Build, Device, Shape, choose_row_tile, choose_work_table, emulated_smem, occupancy,
+                                    plan, row_tile_choices)
 from kdtr.kernels.launch_types import Step
 from kdtr.kernels.nvrtc import CUDA_DIR
 
@@ -65,8 +66,9 @@ class FlashVariant:
     """Measured time of one KV tile of a 64-row CTA, ns: the work table's model (kdtr/kernels/flash/schedule.py);
     0: the kernel takes no work table."""
 
-    def mt_for(self, rows: int) -> int:
-        return row_tile_m(rows) if len(self.mts) > 1 else self.mts[0]
+    def mts_for(self, rows: int) -> tuple[int, ...]:
+        """Row tiles the plan weighs for ``rows`` query rows (plan.row_tile_choices where it is built for several)."""
+        return row_tile_choices(rows) if len(self.mts) > 1 else self.mts
 
     def read_config(self, read_ints) -> dict:
         """The config array as {field: value}; ``read_ints(symbol, n)`` reads n ints of a global from
@@ -181,17 +183,19 @@ class FlashKernel:
 
         pr, v, force = dp.problem, self.variant, self.force
         shape, bug = Shape.of(pr), kernel_bug(Bug(self.bug))
-        mt = force.mt or v.mt_for(shape.rows)
         out_t, cfg = CTYPES[dp.out_dtype], self.config()
 
-        def resident(xr: RowLayout) -> int:  # CTAs per SM of a build (the merges and work table keep its bounds)
+        def resident(mt: int, xr: RowLayout) -> int:  # CTAs per SM of a build (the merges and work table keep its bounds)
             return self._per_sm(v.main.format(mt=mt, out=out_t, bug=bug, merge=0, xr=int(xr)), *v.launch_shape(cfg, mt, xr), limits)
 
         transposed = (v.extra_rows and force.xr is not False and force.merge is not Merge.IN_KERNEL
                       and 0 < shape.rows <= v.extra_rows)
-        build = Build(mt, cfg["BN"], resident(RowLayout.TILES), bug, v.merges_in_kernel, v.extra_rows,
-                      resident(RowLayout.TRANSPOSED) if transposed else 0, v.tile_ns)
+        builds = [Build(mt, cfg["BN"], resident(mt, RowLayout.TILES), bug, v.merges_in_kernel, v.extra_rows,
+                        resident(mt, RowLayout.TRANSPOSED) if transposed else 0, v.tile_ns)
+                  for mt in ((force.mt,) if force.mt else v.mts_for(shape.rows))]
         device = Device(info["sm_count"], info["l2_bytes"])
+        build = choose_row_tile(shape, device, builds, force)
+        mt = build.mt
         pl = plan(shape, device, build, force)
         table = choose_work_table(shape, device, build, pl, force)
         if table is not None:

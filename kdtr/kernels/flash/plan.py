@@ -8,7 +8,7 @@ lookup in the plan's split table (SplitModel.table, the cost model below tabulat
 length up to the capacity), and, for flash-sm90's work table, the pieces themselves (the device
 scheduler of cuda/flash_sched.cuh, following the recipe kdtr/kernels/flash/schedule.py chose here).
 
-The plan decides: the row tile, the grid's split count (the most any request takes), whether flash-sm90
+The plan decides: the row tile (by the cost model beyond 128 rows), the grid's split count (the most any request takes), whether flash-sm90
 merges the splits itself (one-wave decode grids) or a combine launch does (kdtr/kernels/flash/combine.py
 picks which), where its transposed rows pay, and whether a work table replaces the uniform splits. A Force
 (kdtr/kernels/flash/force.py) overrides any of these choices. kdtr/kernels/flash/kernel.py turns a plan
@@ -109,7 +109,7 @@ class Build:
     """What the kernel's builds can do for this request: row tile, KV tile, residency, abilities."""
 
     mt: int
-    """Row tile in m-tiles of 16 rows (the kernel's choice, row_tile_m, or a Force's)."""
+    """Row tile in m-tiles of 16 rows (the kernel's choice, choose_row_tile, or a Force's)."""
     bn: int
     """Keys per KV tile (the build's config array)."""
     ctas_per_sm: int = 1
@@ -157,10 +157,11 @@ class FlashPlan:
         return 0 if self.splits == 1 else self.B * self.splits * T * H * (512 + 1) * 4 + self.B * self.row_tiles * 8
 
 
-def row_tile_m(rows: int) -> int:
-    """m-tiles per CTA for a request of `rows` query rows (measured on the H200: 16 rows for decode;
-    32 up to 128 rows, where more CTAs per SM beat KV reuse; 64 beyond)."""
-    return 1 if rows <= 16 else 2 if rows <= 128 else 4
+def row_tile_choices(rows: int) -> tuple[int, ...]:
+    """Row tiles (m-tiles a CTA) the plan weighs for a request of ``rows`` query rows: 16 rows for decode and
+    32 up to 128 rows (measured on the H200: more CTAs an SM beat KV reuse there); beyond, 32 or 64 by the
+    cost model (choose_row_tile)."""
+    return (1,) if rows <= 16 else (2,) if rows <= 128 else (2, 4)
 
 
 def split_range(P: int, T: int, splits: int, bn: int, split: int) -> tuple[int, int]:
@@ -272,6 +273,29 @@ def plan_cost(prefix_max: int, T: int, bn: int, base_ctas: int, rows: int, B: in
     if s > 1:
         cost += B * rows * 4096 * s * 2 / COMBINE_BYTES_PER_NS + LAUNCH_NS
     return cost
+
+
+ROW_TILE_SM_COST = {2: 1.023, 4: 1.0}
+"""Model: an SM's time a key over 64 query rows, by the row tile running them, against the 64-row tile's (H100,
+flash on DeepSeek T257 / T513: 32-row tiles, two an SM, 0.96-0.99x of 64-row ones, one an SM: `mt32-again`)."""
+
+
+def row_tile_cost(shape: Shape, device: Device, build: Build, force: Force = Force()) -> float:
+    """plan_cost of ``shape`` planned with ``build``, each CTA's tile priced by its share of the SM: its rows
+    over 64 times the CTAs it shares the SM with, at ROW_TILE_SM_COST."""
+    pl = plan(shape, device, build, force)
+    share = build.ctas_per_sm * build.mt / 4 * ROW_TILE_SM_COST[build.mt]
+    return plan_cost(shape.capacity, shape.T, build.bn, pl.row_tiles * shape.B, shape.rows, shape.B,
+                     device.sm_count * build.ctas_per_sm, pl.splits, share, CTA_FIXED_TILES)
+
+
+def choose_row_tile(shape: Shape, device: Device, builds: list[Build], force: Force = Force()) -> Build:
+    """The build of ``builds`` (one a row tile of row_tile_choices) the model prices lowest (row_tile_cost), the
+    larger tile on a tie: DeepSeek T65 (1040 rows) takes 32-row tiles, whose two CTAs an SM fill the waves that
+    17 64-row tiles a request leave ragged; T257 and T513 keep 64 rows."""
+    if len(builds) == 1:
+        return builds[0]
+    return min(builds, key=lambda b: (row_tile_cost(shape, device, b, force), -b.mt))
 
 
 def choose_splits(prefix_max: int, T: int, bn: int, base_ctas: int, rows: int, B: int, slots: int) -> int:
