@@ -33,12 +33,13 @@ def test_the_model_picks_the_row_tile_mt32_again_measured_faster(T, want, B, P):
     """flash (16-key tiles) on the compute set at its residency (one 64-row CTA an SM, two 32-row ones): `mt32-again`
     measured 32-row tiles 1.05-1.28x faster on every T65 shape and 0.96-0.99x on every T257 / T513 one."""
     builds = [Build(2, 16, 2), Build(4, 16, 1)]
-    assert choose_row_tile(Shape(B, T, 16, P), Device(H200_SMS), builds).mt == want
+    assert choose_row_tile(Shape(B, T, 16, P), Device(H200_SMS), builds)[0].mt == want
 
 
 def test_a_single_row_tile_is_taken_unpriced():
     only = Build(4, 16, 1)
-    assert choose_row_tile(Shape(1, 65, 16, 8192), Device(H200_SMS), [only]) is only
+    build, pl = choose_row_tile(Shape(1, 65, 16, 8192), Device(H200_SMS), [only])
+    assert build is only and pl == plan(Shape(1, 65, 16, 8192), Device(H200_SMS), only)
 
 
 def test_one_long_request_fills_the_gpu_with_splits():

@@ -24,7 +24,7 @@ from kdtr.kernels.flash.combine import COMBINE, COMBINE_JOBS, combine_launch
 from kdtr.kernels.flash.force import Force, Merge, RowLayout
 from kdtr.kernels.flash.arch import EMULATED_ARCHS, ArchLimits
 from kdtr.kernels.flash.plan import (Build, Device, Shape, choose_row_tile, choose_work_table, emulated_smem, occupancy,
-                                    plan, row_tile_choices)
+                                    row_tile_choices)
 from kdtr.kernels.launch_types import Step
 from kdtr.kernels.nvrtc import CUDA_DIR
 
@@ -194,9 +194,8 @@ class FlashKernel:
                         resident(mt, RowLayout.TRANSPOSED) if transposed else 0, v.tile_ns)
                   for mt in ((force.mt,) if force.mt else v.mts_for(shape.rows))]
         device = Device(info["sm_count"], info["l2_bytes"])
-        build = choose_row_tile(shape, device, builds, force)
+        build, pl = choose_row_tile(shape, device, builds, force)
         mt = build.mt
-        pl = plan(shape, device, build, force)
         table = choose_work_table(shape, device, build, pl, force)
         if table is not None:
             return self._work_table_steps(dp, shape, pl, table.recipe, mt, out_t, cfg)

@@ -8,11 +8,12 @@ lookup in the plan's split table (SplitModel.table, the cost model below tabulat
 length up to the capacity), and, for flash-sm90's work table, the pieces themselves (the device
 scheduler of cuda/flash_sched.cuh, following the recipe kdtr/kernels/flash/schedule.py chose here).
 
-The plan decides: the row tile (by the cost model beyond 128 rows), the grid's split count (the most any request takes), whether flash-sm90
-merges the splits itself (one-wave decode grids) or a combine launch does (kdtr/kernels/flash/combine.py
-picks which), where its transposed rows pay, and whether a work table replaces the uniform splits. A Force
-(kdtr/kernels/flash/force.py) overrides any of these choices. kdtr/kernels/flash/kernel.py turns a plan
-into launches; every model constant below was measured on the H200 (docs/PERF.md ledger).
+The plan decides: the row tile (by the cost model beyond 128 rows), the grid's split count (the most any
+request takes), whether flash-sm90 merges the splits itself (one-wave decode grids) or a combine launch does
+(kdtr/kernels/flash/combine.py picks which), where its transposed rows pay, and whether a work table replaces
+the uniform splits. A Force (kdtr/kernels/flash/force.py) overrides any of these choices.
+kdtr/kernels/flash/kernel.py turns a plan into launches; every model constant below was measured on the H200
+(docs/PERF.md ledger) unless its docstring names the H100.
 """
 
 from __future__ import annotations
@@ -280,22 +281,23 @@ ROW_TILE_SM_COST = {2: 1.023, 4: 1.0}
 flash on DeepSeek T257 / T513: 32-row tiles, two an SM, 0.96-0.99x of 64-row ones, one an SM: `mt32-again`)."""
 
 
-def row_tile_cost(shape: Shape, device: Device, build: Build, force: Force = Force()) -> float:
-    """plan_cost of ``shape`` planned with ``build``, each CTA's tile priced by its share of the SM: its rows
-    over 64 times the CTAs it shares the SM with, at ROW_TILE_SM_COST."""
-    pl = plan(shape, device, build, force)
+def row_tile_cost(shape: Shape, device: Device, build: Build, pl: FlashPlan) -> float:
+    """plan_cost of ``pl`` (``shape`` planned with ``build``), each CTA's tile priced by its share of the SM: its
+    rows over 64 times the CTAs it shares the SM with, at ROW_TILE_SM_COST."""
     share = build.ctas_per_sm * build.mt / 4 * ROW_TILE_SM_COST[build.mt]
     return plan_cost(shape.capacity, shape.T, build.bn, pl.row_tiles * shape.B, shape.rows, shape.B,
                      device.sm_count * build.ctas_per_sm, pl.splits, share, CTA_FIXED_TILES)
 
 
-def choose_row_tile(shape: Shape, device: Device, builds: list[Build], force: Force = Force()) -> Build:
-    """The build of ``builds`` (one a row tile of row_tile_choices) the model prices lowest (row_tile_cost), the
-    larger tile on a tie: DeepSeek T65 (1040 rows) takes 32-row tiles, whose two CTAs an SM fill the waves that
-    17 64-row tiles a request leave ragged; T257 and T513 keep 64 rows."""
-    if len(builds) == 1:
-        return builds[0]
-    return min(builds, key=lambda b: (row_tile_cost(shape, device, b, force), -b.mt))
+def choose_row_tile(shape: Shape, device: Device, builds: list[Build],
+                    force: Force = Force()) -> tuple[Build, FlashPlan]:
+    """(build, its plan) for the build of ``builds`` (one a row tile of row_tile_choices) the model prices lowest
+    (row_tile_cost), the larger tile on a tie: DeepSeek T65 (1040 rows) takes 32-row tiles, whose two CTAs an SM
+    fill the waves that 17 64-row tiles a request leave ragged; T257 and T513 keep 64 rows."""
+    plans = [(b, plan(shape, device, b, force)) for b in builds]
+    if len(plans) == 1:
+        return plans[0]
+    return min(plans, key=lambda bp: (row_tile_cost(shape, device, *bp), -bp[0].mt))
 
 
 def choose_splits(prefix_max: int, T: int, bn: int, base_ctas: int, rows: int, B: int, slots: int) -> int:
