@@ -7,7 +7,8 @@ cache is gathered inside the timed region, as a server would have to. Each basel
 same device buffers as the CUDA kernels (DLPack views of kdtr.launch.DeviceProblem).
 
 sglang-triton: SGLang's own triton kernel with its custom mask, where sglang is installed (kdtr[sglang]);
-SKIPPED with the reason where it is not.
+SKIPPED with the reason where it is not. flashmla-mtp: FlashMLA's causal MTP decode (kdtr/adapters/flashmla.py),
+a peer with a chain's mask, checked against the reference under a chain; SKIPPED where FlashMLA does not load.
 """
 
 from __future__ import annotations
@@ -187,14 +188,69 @@ class SglangTritonBaseline:
         return RunOutput(go.out.float().cpu().numpy().reshape(pr.B, pr.T, pr.H, DV), None, 0.0)
 
 
+class FlashMlaMtpPeer:
+    """FlashMLA's dense decode with s_q = T and a causal mask (kdtr/adapters/flashmla.py): the fastest public MLA
+    kernel on Hopper, on the bench's q, block table and lengths and a copy of its cache (page size 64, bf16). Its mask is a chain's, so bench_shape
+    checks it against the reference of the same inputs under a chain (``tree_family``); its % of roofline is
+    against the tree's floor, as every cell of the row. SKIPPED, with the reason, where FlashMLA does not load."""
+
+    name = "flashmla-mtp"
+    writes_lse = False
+    caps = Caps(kv_dtypes=("bf16",), out_dtypes=("bf16",), page_sizes=(64,), archs=("sm_90",))
+    tree_family = "chain"
+    """The tree whose mask this peer computes: its output is checked against the reference under it."""
+
+    @property
+    def untimed(self) -> str | None:
+        """Why there is nothing to time here (FlashMLA missing or not loadable), or None."""
+        from kdtr.adapters import flashmla
+
+        why = flashmla.unavailable_reason()
+        return f"{self.name}: {why}" if why else None
+
+    def prepare(self, dp, workspace=None):
+        import torch
+
+        from kdtr.adapters.flashmla import mtp_decode
+
+        pr = dp.problem
+        q = torch.from_dlpack(dp.q.view("int16")).view(torch.bfloat16)  # [B, T, H, 576]
+        # FlashMLA loads a request's whole last page, where a NaN in kdtr's unowned slots (there to catch a kernel
+        # that reads them) can reach its output through 0 * NaN: it reads a copy of the cache with zeros there, as
+        # a server's cache holds finite values past a request's last token
+        kv = torch.from_dlpack(dp.kv_cache.view("int16")).view(torch.bfloat16)
+        k = torch.nan_to_num(kv, nan=0.0).unsqueeze(2)  # [pages, 64, 1, 576]
+        table = torch.from_dlpack(dp.block_table)
+        lens = torch.from_dlpack(dp.prefix_lens) + pr.T  # made once, outside the timed region
+        go = mtp_decode(q, k, table, lens, float(pr.scale))
+        go()  # the first call makes the scheduler metadata; later ones reuse it
+        return go
+
+    def run_on(self, dp):
+        import torch
+
+        from kdtr.kernels.launch import RunOutput
+
+        out = self.prepare(dp)()
+        torch.cuda.synchronize()
+        return RunOutput(out.float().cpu().numpy(), None, 0.0)
+
+    def run(self, problem, out_dtype: str):
+        from kdtr.kernels.launch import DeviceProblem
+
+        return self.run_on(DeviceProblem(problem, out_dtype))
+
+
 BASELINES = ("eager", "sdpa", "flex")
-OTHER_BASELINES = ("sglang-triton",)
-"""Baselines that are not torch code: SGLang's own kernel."""
+OTHER_BASELINES = ("sglang-triton", "flashmla-mtp")
+"""Baselines that are not torch code: SGLang's own kernel, FlashMLA's MTP decode."""
 
 
 def baseline(name: str):
     if name == "sglang-triton":
         return SglangTritonBaseline()
+    if name == "flashmla-mtp":
+        return FlashMlaMtpPeer()
     impl = name.removeprefix("torch-")
     if impl not in BASELINES:
         raise ValueError(f"unknown baseline {name!r}; known: {', '.join(['torch-' + b for b in BASELINES] + list(OTHER_BASELINES))}")

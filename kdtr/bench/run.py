@@ -2,7 +2,8 @@
 
 Per shape: build the layout (paged cache, DDTree trees), draw fresh random values on the GPU,
 check every implementation once against a reference (exact float64 for small shapes, the
-naive fp32 kernel for large ones; a failing implementation is not timed), then time each with
+naive fp32 kernel for large ones; for a peer whose mask is another tree's, such as FlashMLA's causal one, the
+same inputs under that tree; a failing implementation is not timed), then time each with
 CUDA events, warm-up, a flushed L2 and a median over repetitions (kdtr.timing.time_launcher).
 With ``graph``, each kernel is then also timed as a server runs it: L launches on L layers captured in
 one CUDA graph and replayed (kdtr/bench/graph.py), the per-launch time in the cell's graph fields.
@@ -146,6 +147,7 @@ def bench_shape(spec: CaseSpec, impls: list, peaks: dict, seed: int = 0, check: 
     from kdtr.check.compare import compare
     from kdtr.bench.timing import l2_flush_bytes, time_launcher
     from kdtr.golden.tolerances import default
+    from kdtr.inputs.trees import make_tree
 
     dp = device_problem(spec, seed)
     layout = dp.problem
@@ -156,6 +158,7 @@ def bench_shape(spec: CaseSpec, impls: list, peaks: dict, seed: int = 0, check: 
                           "model": spec.model, "page": spec.page_size, "kv": spec.kv_dtype, "out": spec.out_dtype},
               flops, nbytes, roof, bound)
     want = _gate_reference(dp, spec) if check else None
+    other_wants = {}  # tree family -> reference, for peers whose mask is another tree's (tree_family)
     flush = l2_flush_bytes(peaks.get("l2_bytes"))
     base_ms = None
     for impl in impls:
@@ -168,7 +171,11 @@ def bench_shape(spec: CaseSpec, impls: list, peaks: dict, seed: int = 0, check: 
         try:
             if want is not None:
                 got = impl.run_on(dp) if hasattr(impl, "run_on") else impl.run(dp.download_inputs(), spec.out_dtype)
-                chk = compare(got.out, want, default(spec.kv_dtype, spec.out_dtype, "out"))
+                family = getattr(impl, "tree_family", None)
+                if family and family not in other_wants:
+                    other_wants[family] = _gate_reference(dp.with_tree(make_tree(family, budget=layout.T - 1)), spec)
+                chk = compare(got.out, other_wants[family] if family else want,
+                              default(spec.kv_dtype, spec.out_dtype, "out"))
                 if chk.status.failed:
                     cell.status = f"{chk.status.value}: {chk.message}"
                     row.cells.append(cell)
@@ -198,7 +205,8 @@ def bench_shape(spec: CaseSpec, impls: list, peaks: dict, seed: int = 0, check: 
 
 
 def _gate_reference(dp, spec: CaseSpec) -> np.ndarray:
-    """[B, T, H, 512] float64: exact CPU reference for small shapes, else the naive fp32 kernel."""
+    """[B, T, H, 512] float64 of ``dp`` (its own tree, which may differ from ``spec``'s): exact CPU reference
+    for small shapes, else the naive fp32 kernel."""
     from kdtr.kernels.registry import resolve_kernel
     from kdtr.golden.reference import reference
 

@@ -300,7 +300,8 @@ def check_bench_options(devices: int, shape: dict, csv_file, plot_file, json_to)
                    "flash-sm90 is skipped off sm_90.")
 @click.option("--baselines", default="eager,sdpa,flex", show_default=True,
               help="Baselines side by side (comma list of eager, sdpa, flex, sglang-triton: SGLang's own kernel, "
-                   "where sglang is installed; 'none' for none).")
+                   "where sglang is installed, flashmla-mtp: FlashMLA's causal MTP decode, where flash_mla loads, "
+                   "on sm_90 at page size 64; 'none' for none).")
 @click.option("--set", "sets", multiple=True, help="Named shape set(s): compute, memory.")
 @click.option("--suite", default=None, help="Time the cases of a suite (smoke, ci, long).")
 @click.option("--model", default=None, help="Grid: models, e.g. deepseek-v3,kimi-k2.")

@@ -112,6 +112,25 @@ class DeviceProblem:
         self.out = cp.empty(problem.out_shape(), np.float32 if out_dtype == "fp32" else np.uint16)
         self.lse = cp.empty((problem.B, problem.T, problem.H), np.float32)
 
+    def with_tree(self, tree) -> "DeviceProblem":
+        """This problem's q, cache, block table and prefix lengths (the same device buffers, not copies) under
+        ``tree`` (a kdtr.inputs.trees.Tree of T nodes, for every request), with an out and lse of its own: the
+        reference's inputs for a peer whose mask is another tree's (FlashMLA's causal MTP mask is a chain's)."""
+        from dataclasses import replace
+
+        cp = cupy_module()
+        pr = self.problem
+        if tree.T != pr.T:
+            raise ValueError(f"the tree has {tree.T} nodes; this problem's trees have {pr.T}")
+        every = lambda a: np.ascontiguousarray(np.broadcast_to(a, (pr.B, *a.shape)))  # noqa: E731
+        new = object.__new__(DeviceProblem)
+        new.__dict__.update(self.__dict__)
+        new.problem = replace(pr, tree_parent=every(tree.parent), tree_depth=every(tree.depth),
+                              tree_mask=every(tree.mask_words()))
+        new.tree_mask = cp.asarray(new.problem.tree_mask)
+        new.out, new.lse = cp.empty_like(self.out), cp.empty_like(self.lse)
+        return new
+
     def upload(self, problem) -> None:
         """Write ``problem``'s inputs (q, cache, block table, prefix lengths, tree mask) into these buffers in
         place, as a server writes a step's inputs into the buffers a CUDA graph was captured on. ValueError,
