@@ -15,6 +15,9 @@
 #   bench     peaks, then the compute and memory sets against torch eager: bench.json / .csv / .png under $OUT
 #   serving   the compute and memory sets for flash and flash-sm90 with --graph (each launch cold and as L layers
 #             replayed from one graph captured at P = 1): serving.json under $OUT
+#   peer      the compute and memory sets for flash-sm90 beside FlashMLA's causal MTP decode (`flashmla-mtp`, gated
+#             under a chain; SKIPPED where flash_mla does not load: carry the sgl-flash-mla wheel as the device
+#             README says and put it on PYTHONPATH): peer.json under $OUT
 #   compile   `kdtr compile` of the shipped builds for every arch, then of every planted-bug build (what CI compiles)
 #
 # Under $OUT (default out/gpu): summary.txt, logs.tgz (every log and JSON report, refreshed after each stage, so a
@@ -34,7 +37,7 @@ FORCED=(  # the plan branches `forced` verifies, a kernel spec each (keys: kdtr/
 )
 KERNELS=(naive flash flash-sm90)
 ARCHS=sm_80,sm_86,sm_89,sm_90,sm_90a,sm_120  # compile: portable kernels for each, flash-sm90 for sm_90a alone
-MODES="check sanitize long forced graph bench serving compile"
+MODES="check sanitize long forced graph bench serving peer compile"
 
 for mode in "${@:-check}"; do  # every mode checked before any work
   [[ " $MODES " == *" $mode "* ]] || { echo "gpu_check.sh: unknown mode '$mode'; use one or more of: $MODES" >&2; exit 2; }
@@ -110,6 +113,11 @@ for mode in "${@:-check}"; do
       stage bench_memory 200 $KDTR bench --set memory --baselines eager --json "$LOGS/bench_memory.json"
       stage bench_files 30 python3 tools/summary.py --merge "$OUT/bench.json" --csv "$OUT/bench.csv" \
         --plot "$OUT/bench.png" "$LOGS"/bench_compute.json "$LOGS"/bench_memory.json
+      ;;
+    peer)
+      stage peer_compute 300 $KDTR bench -k flash-sm90 --baselines flashmla-mtp --set compute --json "$LOGS/peer_compute.json"
+      stage peer_memory 200 $KDTR bench -k flash-sm90 --baselines flashmla-mtp --set memory --json "$LOGS/peer_memory.json"
+      stage peer_files 30 python3 tools/summary.py --merge "$OUT/peer.json" "$LOGS"/peer_*.json
       ;;
     compile)
       stage compile_archs 200 $KDTR compile --arch "$ARCHS"
