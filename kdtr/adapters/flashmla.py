@@ -23,8 +23,8 @@ import importlib
 import inspect
 from functools import lru_cache
 
-PACKAGES = ("flash_mla",)
-"""Import names FlashMLA's Python package has been published under (sgl-flash-mla and upstream alike)."""
+PACKAGE = "flash_mla"
+"""FlashMLA's import name (sgl-flash-mla and upstream alike)."""
 HEAD_DIM_V = 512
 
 
@@ -35,22 +35,19 @@ class FlashMlaUnavailable(RuntimeError):
 @lru_cache(maxsize=1)
 def _outcome():
     """(module, None), or (None, why it cannot be loaded), looked for once a process."""
-    for dep in ("torch",):
-        if importlib.util.find_spec(dep) is None:
-            return None, f"FlashMLA needs {dep}, which is not installed"
-    for name in PACKAGES:
-        if importlib.util.find_spec(name) is None:
-            continue
-        try:
-            module = importlib.import_module(name)
-        except Exception as e:  # an extension built for another torch or CUDA: say which, in one line
-            return None, f"cannot load {name}: {type(e).__name__}: {' '.join(str(e).split())[:200]}"
-        if not hasattr(module, "flash_mla_with_kvcache"):
-            return None, f"{name} has no flash_mla_with_kvcache"
-        if hasattr(module, "has_legacy") and not module.has_legacy():
-            return None, f"{name} was built without its SM90 (legacy) kernels, which hold dense decoding"
-        return module, None
-    return None, "FlashMLA is not installed (pip install sgl-flash-mla; it needs a torch of its stable ABI)"
+    if importlib.util.find_spec("torch") is None:
+        return None, "FlashMLA needs torch, which is not installed"
+    if importlib.util.find_spec(PACKAGE) is None:
+        return None, "FlashMLA is not installed (pip install sgl-flash-mla; it needs a torch of its stable ABI)"
+    try:
+        module = importlib.import_module(PACKAGE)
+    except Exception as e:  # an extension built for another torch or CUDA: say which, in one line
+        return None, f"cannot load {PACKAGE}: {type(e).__name__}: {' '.join(str(e).split())[:200]}"
+    if not hasattr(module, "flash_mla_with_kvcache"):
+        return None, f"{PACKAGE} has no flash_mla_with_kvcache"
+    if hasattr(module, "has_legacy") and not module.has_legacy():
+        return None, f"{PACKAGE} was built without its SM90 (legacy) kernels, which hold dense decoding"
+    return module, None
 
 
 def unavailable_reason() -> str | None:

@@ -32,10 +32,19 @@ def _mm_f32(torch):
         return lambda x, y: torch.mm(x, y).float()
 
 
-class TorchBaseline:
-    """One baseline (``impl`` in eager, sdpa, flex); runs on bf16 storage."""
+class Baseline:
+    """What every baseline shares: it writes no lse, and ``run`` puts a host Problem on the GPU for its ``run_on``."""
 
     writes_lse = False
+
+    def run(self, problem, out_dtype: str):
+        from kdtr.kernels.launch import DeviceProblem
+
+        return self.run_on(DeviceProblem(problem, out_dtype))
+
+
+class TorchBaseline(Baseline):
+    """One baseline (``impl`` in eager, sdpa, flex); runs on bf16 storage."""
 
     def __init__(self, impl: str):
         self.impl, self.name, self.caps = impl, f"torch-{impl}", CAPS
@@ -119,11 +128,6 @@ class TorchBaseline:
                 out[b].copy_(o[0, 0].to(out_dt))
         return go
 
-    def run(self, problem, out_dtype: str):
-        from kdtr.kernels.launch import DeviceProblem
-
-        return self.run_on(DeviceProblem(problem, out_dtype))
-
     def run_on(self, dp):
         from kdtr.kernels.launch import RunOutput, cupy_module, synchronize
 
@@ -135,13 +139,12 @@ class TorchBaseline:
         return RunOutput(out, None, 0.0)
 
 
-class SglangTritonBaseline:
+class SglangTritonBaseline(Baseline):
     """SGLang's own tree verify: its triton extend_attention_fwd with a custom mask (kdtr/adapters/sglang_triton.py),
     on SGLang's target-verify tensors made from the bench's buffers by kdtr.adapters.sglang, once, outside the
     timed region. SKIPPED, with the reason, where sglang's kernel does not load."""
 
     name = "sglang-triton"
-    writes_lse = False
     caps = CAPS
 
     @property
@@ -171,11 +174,6 @@ class SglangTritonBaseline:
         go.out, go.args = out, args
         return go
 
-    def run(self, problem, out_dtype: str):
-        from kdtr.kernels.launch import DeviceProblem
-
-        return self.run_on(DeviceProblem(problem, out_dtype))
-
     def run_on(self, dp):
         import torch
 
@@ -188,14 +186,14 @@ class SglangTritonBaseline:
         return RunOutput(go.out.float().cpu().numpy().reshape(pr.B, pr.T, pr.H, DV), None, 0.0)
 
 
-class FlashMlaMtpPeer:
+class FlashMlaMtpPeer(Baseline):
     """FlashMLA's dense decode with s_q = T and a causal mask (kdtr/adapters/flashmla.py): the fastest public MLA
-    kernel on Hopper, on the bench's q, block table and lengths and a copy of its cache (page size 64, bf16). Its mask is a chain's, so bench_shape
-    checks it against the reference of the same inputs under a chain (``tree_family``); its % of roofline is
-    against the tree's floor, as every cell of the row. SKIPPED, with the reason, where FlashMLA does not load."""
+    kernel on Hopper, on the bench's q, block table and lengths and a copy of its cache (page size 64, bf16). Its
+    mask is a chain's, so bench_shape checks it against the reference of the same inputs under a chain
+    (``tree_family``); its % of roofline is against the tree's floor, as every cell of the row. SKIPPED, with the
+    reason, where FlashMLA does not load."""
 
     name = "flashmla-mtp"
-    writes_lse = False
     caps = Caps(kv_dtypes=("bf16",), out_dtypes=("bf16",), page_sizes=(64,), archs=("sm_90",))
     tree_family = "chain"
     """The tree whose mask this peer computes: its output is checked against the reference under it."""
@@ -234,11 +232,6 @@ class FlashMlaMtpPeer:
         out = self.prepare(dp)()
         torch.cuda.synchronize()
         return RunOutput(out.float().cpu().numpy(), None, 0.0)
-
-    def run(self, problem, out_dtype: str):
-        from kdtr.kernels.launch import DeviceProblem
-
-        return self.run_on(DeviceProblem(problem, out_dtype))
 
 
 BASELINES = ("eager", "sdpa", "flex")

@@ -116,6 +116,7 @@ class DeviceProblem:
         """This problem's q, cache, block table and prefix lengths (the same device buffers, not copies) under
         ``tree`` (a kdtr.inputs.trees.Tree of T nodes, for every request), with an out and lse of its own: the
         reference's inputs for a peer whose mask is another tree's (FlashMLA's causal MTP mask is a chain's)."""
+        import copy
         from dataclasses import replace
 
         cp = cupy_module()
@@ -123,8 +124,7 @@ class DeviceProblem:
         if tree.T != pr.T:
             raise ValueError(f"the tree has {tree.T} nodes; this problem's trees have {pr.T}")
         every = lambda a: np.ascontiguousarray(np.broadcast_to(a, (pr.B, *a.shape)))  # noqa: E731
-        new = object.__new__(DeviceProblem)
-        new.__dict__.update(self.__dict__)
+        new = copy.copy(self)  # the same device buffers; the mask, out and lse replaced below
         new.problem = replace(pr, tree_parent=every(tree.parent), tree_depth=every(tree.depth),
                               tree_mask=every(tree.mask_words()))
         new.tree_mask = cp.asarray(new.problem.tree_mask)
