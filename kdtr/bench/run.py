@@ -243,11 +243,6 @@ def _change(old_ms: float, new_ms: float, old_iqr: float, new_iqr: float, noise:
             "change": "faster" if delta < -spread else "slower" if delta > spread else "same"}
 
 
-def split_for_devices(items: list, n: int) -> list[list]:
-    """Round-robin shapes over n devices."""
-    return [items[i::n] for i in range(max(1, n))]
-
-
 GRAPH_CSV = ("graph_status", "graph_ms", "graph_iqr_ms", "graph_layers", "graph_pct_roofline", "graph_vs_direct")
 """The graph columns of a CSV line, present where any cell of the run was asked for one (--graph)."""
 

@@ -15,9 +15,7 @@ import click
 
 from kdtr.cli import bench, gen, show, verify
 from kdtr.cli import compile as compile_module, list as list_module  # modules, not the builtins
-from kdtr.cli.options import EXIT_USAGE
-
-EXIT_INTERRUPTED = 130
+from kdtr.cli.options import EXIT_INTERRUPTED, EXIT_USAGE
 
 
 def _user_error_types() -> tuple[type, ...]:

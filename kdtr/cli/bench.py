@@ -5,11 +5,14 @@ typo is reported on a machine without one too."""
 from __future__ import annotations
 
 import json
+import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import click
 
-from kdtr.cli.options import STDOUT, at_least, check_output, emit, json_option, option_list, write_file
+from kdtr.cli.options import (EXIT_INTERRUPTED, STDOUT, at_least, check_output, dumps, emit, json_option, option_list,
+                              write_file)
 from kdtr.errors import InputError
 
 
@@ -85,54 +88,99 @@ def _impls(kernel_specs, names) -> list:
 
 
 def bench_run(specs, kernel_specs, names, peaks: dict, check: bool, devices: int = 1, progress: bool = True,
-              graph: bool = False) -> dict:
-    """Every shape timed (``graph``: also captured in a CUDA graph, kdtr/bench/graph.py); the report as JSON data."""
+              graph: bool = False, checkpoint=None) -> dict:
+    """Every shape timed (``graph``: also captured in a CUDA graph, kdtr/bench/graph.py); the report as JSON data.
+    A sweep can take an hour, so nothing timed is lost: ``checkpoint(data)`` gets the report so far after every
+    shape (the CLI writes --json there), and Ctrl-C or SIGTERM ends the run with the shapes done, the report then
+    marked ``partial``."""
     from dataclasses import asdict
 
-    from kdtr.bench.run import bench_shape
     from kdtr.bench.timing import METHOD
     from kdtr.cli import report
 
-    impls = _impls(kernel_specs, names)
-    rows = []
-    if devices > 1:
-        rows = _bench_multi(specs, kernel_specs, names, peaks, check, devices, graph)
-    else:
-        with report.progress(len(specs), "bench", show=progress) as advance:
-            for s in specs:
-                rows.append(bench_shape(s, impls, peaks, check=check, graph=graph))
-                advance(s.name)
-    out = {"peaks": {k: v for k, v in peaks.items() if not isinstance(v, dict)}, "rows": [asdict(r) for r in rows],
-           "impls": [i.name for i in impls], **METHOD}
-    if graph:
-        from kdtr.bench.graph import METHOD as GRAPH
-
-        out["graph"] = {**GRAPH, "checked": check}
-    return out
-
-
-def _bench_multi(specs, kernel_specs, names, peaks, check, devices, graph=False):
-    """One process per GPU (CUDA_VISIBLE_DEVICES), shapes dealt round-robin."""
-    import multiprocessing as mp
-
-    from kdtr.bench.run import split_for_devices
-
-    parts = split_for_devices(list(specs), devices)
-    with mp.get_context("spawn").Pool(len(parts)) as pool:
-        results = pool.starmap(_bench_worker, [(i, p, kernel_specs, names, peaks, check, graph)
-                                               for i, p in enumerate(parts)])
+    names_of = [i.name for i in _impls(kernel_specs, names)]
     order = {s.name: i for i, s in enumerate(specs)}
-    return sorted((r for part in results for r in part), key=lambda r: order[r.shape])
+    rows = []
+
+    def data() -> dict:
+        out = {"peaks": {k: v for k, v in peaks.items() if not isinstance(v, dict)},
+               "rows": [asdict(r) for r in sorted(rows, key=lambda r: order[r.shape])], "impls": names_of, **METHOD}
+        if len(rows) < len(specs):
+            out["partial"] = {"timed": len(rows), "of": len(specs)}
+        if graph:
+            from kdtr.bench.graph import METHOD as GRAPH
+
+            out["graph"] = {**GRAPH, "checked": check}
+        return out
+
+    with report.progress(len(specs), "bench", show=progress) as advance, _sigterm_interrupts():
+        try:
+            for row in _timed_rows(specs, kernel_specs, names, peaks, check, devices, graph):
+                rows.append(row)
+                advance(row.shape)
+                if checkpoint and len(rows) < len(specs):
+                    checkpoint(data())
+        except KeyboardInterrupt:
+            pass
+    return data()
 
 
-def _bench_worker(device: int, specs, kernel_specs, names, peaks, check, graph=False):
-    import os
-
-    os.environ["CUDA_VISIBLE_DEVICES"] = str(device)  # this worker's GPU, before cupy starts
+def _timed_rows(specs, kernel_specs, names, peaks, check, devices, graph):
+    """Each shape's Row as it finishes: in this process, or with devices > 1 one process per GPU
+    (CUDA_VISIBLE_DEVICES), each taking the next shape as it frees up."""
     from kdtr.bench.run import bench_shape
 
-    impls = _impls(kernel_specs, names)
-    return [bench_shape(s, impls, peaks, check=check, graph=graph) for s in specs]
+    if devices <= 1 or len(specs) <= 1:
+        impls = _impls(kernel_specs, names)
+        for s in specs:
+            yield bench_shape(s, impls, peaks, check=check, graph=graph)
+        return
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    gpus = ctx.Queue()
+    for i in range(min(devices, len(specs))):
+        gpus.put(i)
+    with ctx.Pool(min(devices, len(specs)), _bench_worker_init, (gpus, kernel_specs, names)) as pool:
+        yield from pool.imap_unordered(_bench_worker, [(s, peaks, check, graph) for s in specs])
+
+
+_WORKER: dict = {}
+"""A bench worker process's implementations, made once by _bench_worker_init."""
+
+
+def _bench_worker_init(gpus, kernel_specs, names) -> None:
+    import os
+
+    os.environ["CUDA_VISIBLE_DEVICES"] = str(gpus.get())  # this worker's GPU, before cupy starts
+    _WORKER["impls"] = _impls(kernel_specs, names)
+
+
+def _bench_worker(job):
+    from kdtr.bench.run import bench_shape
+
+    spec, peaks, check, graph = job
+    return bench_shape(spec, _WORKER["impls"], peaks, check=check, graph=graph)
+
+
+@contextmanager
+def _sigterm_interrupts():
+    """SIGTERM (`timeout`, a job scheduler) stops a run as Ctrl-C does, so its results are still shown and saved."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame):
+        raise KeyboardInterrupt
+
+    before = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
 
 
 def render_peaks(pk: dict) -> None:
@@ -196,6 +244,9 @@ def render_bench(d: dict) -> None:
     report.table("kdtr bench", ["shape", "BxTxH", "P", "bound", "floor us", "impl", *time_cols, "TFLOP/s", "GB/s",
                                 *pct_cols, "vs torch"], rows,
                  right=("floor us", *time_cols, "TFLOP/s", "GB/s", *pct_cols, "vs torch"))
+    if d.get("partial"):
+        report.notice("interrupted:", f"{d['partial']['timed']} of {d['partial']['of']} shapes timed; they are above "
+                      "(and in --json, written after every shape)")
     if graph:
         how = d.get("graph") or {}
         report.note(f"graph us: per launch of L launches (L layers, each on its own cache) captured in one CUDA graph at "
@@ -344,12 +395,16 @@ def bench(ctx, kernels, baselines, sets, suite, peaks_only, remeasure, no_check,
     if peaks_only:
         emit(peaks, json_to, render_peaks)
         return
-    data = bench_run(specs, list(kernels), names, peaks, not no_check, devices, progress=json_to != STDOUT, graph=graph)
+    to_file = json_to not in (None, STDOUT)
+    data = bench_run(specs, list(kernels), names, peaks, not no_check, devices, progress=json_to != STDOUT, graph=graph,
+                     checkpoint=(lambda d: write_file(json_to, dumps(d) + "\n", "--json")) if to_file else None)
     emit(data, json_to, render_bench)
     if csv_file:
         write_csv(csv_file, data)
     if plot_file:
         write_plot(plot_file, data)
+    if data.get("partial"):
+        sys.exit(EXIT_INTERRUPTED)
 
 
 @bench.command("compare")

@@ -18,8 +18,9 @@ import click
 
 from kdtr.errors import InputError
 
-EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
-"""Exit codes: success; a check failed (or nothing was verified); bad usage or input."""
+EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+"""Exit codes: success; a check failed (or nothing was verified); bad usage or input; stopped by Ctrl-C or
+SIGTERM (what was done by then is still shown and written)."""
 STDOUT = "-"
 """The --json value that means stdout (what a bare --json gives)."""
 
