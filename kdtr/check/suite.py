@@ -64,6 +64,13 @@ class VerifyReport:
     """False for a kernel that does not write lse (kdtr_writes_lse = False): only out was judged."""
     graph: bool = False
     """verify --graph: each case was also captured and replayed (CaseResult.captures)."""
+    planned: int | None = None
+    """Cases asked for (None: as many as ``results``); more than ``results`` where the run was stopped (Ctrl-C,
+    SIGTERM) before the rest ran."""
+
+    @property
+    def partial(self) -> bool:
+        return self.planned is not None and len(self.results) < self.planned
 
     @property
     def counts(self) -> dict[str, int]:
@@ -74,20 +81,22 @@ class VerifyReport:
 
     @property
     def failed(self) -> bool:
-        """Any case failed, or none passed (a run that verified nothing is not a pass)."""
-        return any(r.status.failed for r in self.results) or not any(r.status.ok for r in self.results)
+        """Any case failed, none passed (a run that verified nothing is not a pass) or some never ran (partial)."""
+        return (any(r.status.failed for r in self.results) or not any(r.status.ok for r in self.results)
+                or self.partial)
 
     def to_json(self) -> dict:
         return {
             "kernel": self.kernel, "device": self.device, "device_info": self.device_info, "seconds": self.seconds,
             "counts": self.counts, "failed": self.failed, "isolated": self.isolated, "sanitizer": self.sanitizer,
             "lse_checked": self.lse_checked, "graph": self.graph, "results": [r.to_json() for r in self.results],
+            **({"partial": {"verified": len(self.results), "of": self.planned}} if self.partial else {}),
         }
 
 
 def run_verify(kernel, paths: list[Path], repeat: int = 1, overrides: dict | None = None, on_case=None, *,
                isolate: bool = False, timeout: float | None = None, sanitize: str | None = None,
-               spec: str | None = None, graph: bool = False) -> VerifyReport:
+               spec: str | None = None, graph: bool = False, checkpoint=None) -> VerifyReport:
     """Verify `kernel` (a kdtr.kernels kernel object) on every bundle path.
 
     isolate: run each case in a child process (kdtr.isolate) that re-resolves the kernel from
@@ -99,6 +108,9 @@ def run_verify(kernel, paths: list[Path], repeat: int = 1, overrides: dict | Non
     not fail (NaN, infinite, negative: kdtr.golden.tolerances.check_overrides), before any case runs.
     graph: verify --graph (kdtr/check/graph.py); each case's sibling capture is the previous bundle of
     ``paths`` with the same buffers, handed to an isolated child by its path.
+    checkpoint: called with the report so far (partial) after every case but the last. A KeyboardInterrupt
+    (Ctrl-C; SIGTERM under kdtr.cli.options.stop_on_sigterm) ends the run: the report holds the cases done
+    and is partial, which counts as failed.
     """
     check_overrides(overrides)
     t0 = time.perf_counter()
@@ -109,20 +121,30 @@ def run_verify(kernel, paths: list[Path], repeat: int = 1, overrides: dict | Non
         sanitizer = iso.sanitizer_command(sanitize) if sanitize else None
     results = []
     sibs = siblings(paths) if graph else [None] * len(paths)
-    for path, sib in zip(paths, sibs):
-        if isolate:
-            r = iso.run_case(kernel, spec or kernel.name, path, repeat, overrides, timeout, sanitizer,
-                             graph=graph, sibling=sib)
-        elif graph:
-            r = verify_graph(kernel, load_bundle(path), repeat, overrides, load_bundle(sib) if sib else None)
-        else:
-            r = verify_bundle(kernel, load_bundle(path), repeat=repeat, overrides=overrides)
-        results.append(r)
-        if on_case:
-            on_case(r)
-    device, info = describe_device(kernel, results)
-    return VerifyReport(kernel.name, results, time.perf_counter() - t0, device, info,
-                        isolated=isolate, sanitizer=sanitize or None, lse_checked=bool(kernel.writes_lse), graph=graph)
+
+    def report() -> VerifyReport:
+        device, info = describe_device(kernel, results)
+        return VerifyReport(kernel.name, list(results), time.perf_counter() - t0, device, info, isolated=isolate,
+                            sanitizer=sanitize or None, lse_checked=bool(kernel.writes_lse), graph=graph,
+                            planned=len(paths))
+
+    try:
+        for path, sib in zip(paths, sibs):
+            if isolate:
+                r = iso.run_case(kernel, spec or kernel.name, path, repeat, overrides, timeout, sanitizer,
+                                 graph=graph, sibling=sib)
+            elif graph:
+                r = verify_graph(kernel, load_bundle(path), repeat, overrides, load_bundle(sib) if sib else None)
+            else:
+                r = verify_bundle(kernel, load_bundle(path), repeat=repeat, overrides=overrides)
+            results.append(r)
+            if on_case:
+                on_case(r)
+            if checkpoint and len(results) < len(paths):
+                checkpoint(report())
+    except KeyboardInterrupt:
+        pass
+    return report()
 
 
 def describe_device(kernel, results: list[CaseResult]) -> tuple[str, dict]:

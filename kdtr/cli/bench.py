@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import json
 import sys
-from contextlib import contextmanager
 from pathlib import Path
 
 import click
 
-from kdtr.cli.options import (EXIT_INTERRUPTED, STDOUT, at_least, check_output, dumps, emit, json_option, option_list,
-                              write_file)
+from kdtr.cli.options import (EXIT_INTERRUPTED, STDOUT, at_least, check_output, checkpoint_to, emit, json_option,
+                              option_list, stop_on_sigterm, write_file)
 from kdtr.errors import InputError
 
 
@@ -113,7 +112,7 @@ def bench_run(specs, kernel_specs, names, peaks: dict, check: bool, devices: int
             out["graph"] = {**GRAPH, "checked": check}
         return out
 
-    with report.progress(len(specs), "bench", show=progress) as advance, _sigterm_interrupts():
+    with report.progress(len(specs), "bench", show=progress) as advance, stop_on_sigterm():
         try:
             for row in _timed_rows(specs, kernel_specs, names, peaks, check, devices, graph):
                 rows.append(row)
@@ -161,26 +160,6 @@ def _bench_worker(job):
 
     spec, peaks, check, graph = job
     return bench_shape(spec, _WORKER["impls"], peaks, check=check, graph=graph)
-
-
-@contextmanager
-def _sigterm_interrupts():
-    """SIGTERM (`timeout`, a job scheduler) stops a run as Ctrl-C does, so its results are still shown and saved."""
-    import signal
-    import threading
-
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def stop(signum, frame):
-        raise KeyboardInterrupt
-
-    before = signal.signal(signal.SIGTERM, stop)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, before)
 
 
 def render_peaks(pk: dict) -> None:
@@ -395,9 +374,8 @@ def bench(ctx, kernels, baselines, sets, suite, peaks_only, remeasure, no_check,
     if peaks_only:
         emit(peaks, json_to, render_peaks)
         return
-    to_file = json_to not in (None, STDOUT)
     data = bench_run(specs, list(kernels), names, peaks, not no_check, devices, progress=json_to != STDOUT, graph=graph,
-                     checkpoint=(lambda d: write_file(json_to, dumps(d) + "\n", "--json")) if to_file else None)
+                     checkpoint=checkpoint_to(json_to))
     emit(data, json_to, render_bench)
     if csv_file:
         write_csv(csv_file, data)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable
 
@@ -66,6 +67,24 @@ def write_file(path: str, text: str, option: str) -> None:
         raise InputError(f"{option} {path}: cannot write it ({e.strerror or e}); the results are shown above") from None
 
 
+def checkpoint_to(json_to: str | None) -> Callable[[dict], None] | None:
+    """For a long run with --json PATH: a function that rewrites PATH with the report so far, so a run that is
+    killed keeps what it did. A failed write (the disk filled up) lets the run go on: the final write says what
+    is wrong, after the results are shown. None where no file was asked for."""
+    if json_to in (None, STDOUT):
+        return None
+
+    def save(data: dict) -> None:
+        from kdtr.golden.atomic import atomic_write_bytes
+
+        try:
+            atomic_write_bytes(json_to, (dumps(data) + "\n").encode())
+        except OSError:
+            pass
+
+    return save
+
+
 def emit(data, json_to: str | None, render: Callable[[object], None]) -> None:
     """The --json convention: JSON alone on stdout, or the table and then (when asked) the file.
     The table comes first, so results are on screen even if the file cannot be written."""
@@ -99,3 +118,24 @@ def exclusive(**given) -> None:
     named = [f"--{k.replace('_', '-')}" for k, v in given.items() if v not in (None, False, ())]
     if len(named) > 1:
         raise InputError(f"give {' or '.join(named)}, not both")
+
+
+@contextmanager
+def stop_on_sigterm():
+    """SIGTERM (`timeout`, a job scheduler) stops a long run as Ctrl-C does (KeyboardInterrupt), so the work
+    done by then is still shown and written; the handler is the run's only."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame):
+        raise KeyboardInterrupt
+
+    before = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)

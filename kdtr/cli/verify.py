@@ -16,7 +16,8 @@ import sys
 
 import click
 
-from kdtr.cli.options import EXIT_FAIL, EXIT_OK, STDOUT, at_least, check_output, emit, json_option
+from kdtr.cli.options import (EXIT_FAIL, EXIT_INTERRUPTED, EXIT_OK, STDOUT, at_least, check_output, checkpoint_to,
+                              emit, json_option, stop_on_sigterm)
 from kdtr.errors import InputError
 
 SHARE_KINDS = {"elem": "|err| / (atol + rtol |ref|)", "norm": "relative norm / its bound", "cos": "(1 - cos) / (1 - min cos)",
@@ -45,9 +46,11 @@ def verify_run(kernel_spec: str, sources: list[str], repeat: int = 1, overrides:
 
         sanitizer_command(sanitize)
     paths = find_bundles(sources, jobs=jobs, force=force)
-    with report.progress(len(paths), f"verify {kernel.name}", show=json_to != STDOUT) as advance:
+    save = checkpoint_to(json_to)
+    with report.progress(len(paths), f"verify {kernel.name}", show=json_to != STDOUT) as advance, stop_on_sigterm():
         rep = run_verify(kernel, paths, repeat=repeat, overrides=overrides, on_case=lambda r: advance(r.case),
-                         isolate=isolate, timeout=timeout, sanitize=sanitize, spec=kernel_spec, graph=graph)
+                         isolate=isolate, timeout=timeout, sanitize=sanitize, spec=kernel_spec, graph=graph,
+                         checkpoint=(lambda part: save(part.to_json())) if save else None)
     emit(rep.to_json(), json_to, lambda d: render_verify(d, wide))
     return rep
 
@@ -151,6 +154,9 @@ def render_verify(d: dict, wide: bool = False) -> None:
                      no_wrap=("status", "err/tol", "from"), caption="; ".join(notes))
     report.details("skipped or failed, and why", [(label(r["case"]), _detail(r)) for r in d["results"] if r["status"] != "PASS"])
     report.details("warnings", [(label(r["case"]), w) for r in d["results"] for w in r.get("warnings") or []])
+    if d.get("partial"):
+        report.notice("interrupted:", f"{d['partial']['verified']} of {d['partial']['of']} cases verified; the others "
+                      "did not run, so this run is not a pass")
 
 
 def captured(r: dict) -> str:
@@ -221,4 +227,4 @@ def verify(bundles, kernel_spec, repeat, json_to, wide, atol, rtol, rel_norm, jo
     overrides = {"out": {"atol": atol, "rtol": rtol, "rel_norm": rel_norm}}
     rep = verify_run(kernel_spec, list(bundles) or ["smoke"], repeat, overrides, json_to, jobs,
                      isolate=isolate, timeout=timeout, sanitize=sanitize, force=force, wide=wide, graph=graph)
-    sys.exit(EXIT_FAIL if rep.failed else EXIT_OK)
+    sys.exit(EXIT_INTERRUPTED if rep.partial else EXIT_FAIL if rep.failed else EXIT_OK)

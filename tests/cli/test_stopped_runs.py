@@ -1,5 +1,6 @@
-"""A stopped `kdtr bench` keeps what it timed: --json is rewritten after every shape, and Ctrl-C or SIGTERM
-ends the run with the shapes done shown, written and marked partial (exit 130). The GPU work is faked."""
+"""A stopped `kdtr bench` or `kdtr verify` keeps what it did: --json is rewritten after every shape or case,
+and Ctrl-C or SIGTERM end the run with the work done shown, written and marked partial (exit 130); a partial
+verify is never a pass. bench's GPU work is faked; verify judges the small bundles with emulate-flash."""
 
 from __future__ import annotations
 
@@ -106,3 +107,48 @@ def test_a_worker_of_a_multi_gpu_run_takes_its_gpu_then_times_shapes(monkeypatch
     bench_cli._bench_worker_init(gpus, ["naive"], [])
     assert os.environ["CUDA_VISIBLE_DEVICES"] == "3" and [i.name for i in bench_cli._WORKER["impls"]] == ["naive"]
     assert bench_cli._bench_worker((Spec("s"), PEAKS, False, False)).shape == "s"
+
+
+def stopping_verify(monkeypatch, stop_at: int, how: str = "int"):
+    """kdtr.check.suite.verify_bundle wrapped: the real judgement, but Ctrl-C or SIGTERM at case ``stop_at``."""
+    from kdtr.check import suite
+
+    seen, real = [], suite.verify_bundle
+
+    def verify_bundle(kernel, bundle, **kw):
+        seen.append(bundle)
+        if len(seen) == stop_at and how == "term":
+            os.kill(os.getpid(), signal.SIGTERM)
+            raise AssertionError("SIGTERM did not stop the run")
+        if len(seen) == stop_at:
+            raise KeyboardInterrupt
+        return real(kernel, bundle, **kw)
+
+    monkeypatch.setattr(suite, "verify_bundle", verify_bundle)
+    return seen
+
+
+@pytest.mark.parametrize("how", ["int", "term"])
+def test_a_stopped_verify_shows_writes_and_is_not_a_pass(kdtr, monkeypatch, small_dir, tmp_path, how):
+    n = len(list(small_dir.glob("*.kdtr")))
+    assert n >= 3
+    seen = stopping_verify(monkeypatch, stop_at=2, how=how)
+    out = tmp_path / "rep.json"
+    r = kdtr("verify", "-k", "emulate-flash", small_dir, "--no-isolate", "--json", out)
+    assert len(seen) == 2 and r.exit_code == EXIT_INTERRUPTED, r.output
+    assert f"interrupted: 1 of {n} cases verified" in r.output and "not a pass" in r.output
+    d = json.loads(out.read_text())
+    assert d["partial"] == {"verified": 1, "of": n} and len(d["results"]) == 1 and d["failed"] is True
+
+
+def test_verify_json_is_written_after_every_case(monkeypatch, small_dir):
+    from kdtr.check.suite import run_verify
+    from kdtr.kernels.registry import resolve_kernel
+
+    paths = sorted(small_dir.glob("*.kdtr"))
+    saved = []
+    rep = run_verify(resolve_kernel("emulate-flash"), paths, checkpoint=lambda p: saved.append(p.to_json()))
+    assert [s["partial"] for s in saved] == [{"verified": i, "of": len(paths)} for i in range(1, len(paths))]
+    assert all(s["failed"] for s in saved)  # a report of some cases is never a pass
+    whole = rep.to_json()
+    assert "partial" not in whole and len(whole["results"]) == len(paths) and whole["failed"] is False
