@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import sys
+from contextlib import closing
 from pathlib import Path
 
 import click
@@ -112,9 +113,10 @@ def bench_run(specs, kernel_specs, names, peaks: dict, check: bool, devices: int
             out["graph"] = {**GRAPH, "checked": check}
         return out
 
-    with report.progress(len(specs), "bench", show=progress) as advance, stop_on_sigterm():
+    timed = _timed_rows(specs, kernel_specs, names, peaks, check, devices, graph)
+    with report.progress(len(specs), "bench", show=progress) as advance, stop_on_sigterm(), closing(timed):
         try:
-            for row in _timed_rows(specs, kernel_specs, names, peaks, check, devices, graph):
+            for row in timed:
                 rows.append(row)
                 advance(row.shape)
                 if checkpoint and len(rows) < len(specs):
@@ -150,7 +152,9 @@ _WORKER: dict = {}
 
 def _bench_worker_init(gpus, kernel_specs, names) -> None:
     import os
+    import signal
 
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle: it ends the pool
     os.environ["CUDA_VISIBLE_DEVICES"] = str(gpus.get())  # this worker's GPU, before cupy starts
     _WORKER["impls"] = _impls(kernel_specs, names)
 

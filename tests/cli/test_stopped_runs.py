@@ -102,6 +102,8 @@ def test_a_worker_of_a_multi_gpu_run_takes_its_gpu_then_times_shapes(monkeypatch
 
     timing(monkeypatch)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    before = signal.getsignal(signal.SIGINT)
+    monkeypatch.setattr(signal, "signal", lambda sig, handler: before)  # this process keeps its own Ctrl-C
     gpus = queue.Queue()
     gpus.put(3)
     bench_cli._bench_worker_init(gpus, ["naive"], [])
