@@ -64,7 +64,9 @@ def bench_lines(reports: list[tuple[str, dict]], targets: dict[str, float], show
                                      for r in rows for c in r["cells"])]  # timed or failed in a graph somewhere
     from kdtr.cli.bench import mma_text
 
-    lines = [f"bench on {pk.get('device', '?')}: copy {pk['copy_gbs']:.0f} GB/s, bf16 GEMM {pk['gemm_tflops']:.0f} "
+    stopped = [f"{Path(p).stem} {d['partial']['timed']} of {d['partial']['of']}" for p, d in reports if d.get("partial")]
+    lines = [f"bench STOPPED, shapes timed: {', '.join(stopped)}"] if stopped else []
+    lines += [f"bench on {pk.get('device', '?')}: copy {pk['copy_gbs']:.0f} GB/s, bf16 GEMM {pk['gemm_tflops']:.0f} "
              f"TFLOP/s, {mma_text(pk)}; per implementation: us, % of the roofline, speedup over {EAGER}"
              + ("; graph: us per launch replayed in a CUDA graph, its ratio to the direct launch" if graph else ""),
              f"{'shape':26s} {'bound':7s} {'floor us':>8s}" + "".join(f"  {i[:24]:>24s}" for i in impls)
@@ -144,7 +146,9 @@ def verify_lines(reports: list[tuple[str, dict]]) -> list[str]:
             worst.append(f"{output} {max(ratios):.3f}" if ratios else f"{output} -")
         san = f" {rep['sanitizer']}" if rep.get("sanitizer") else ""
         lines.append(f"{Path(path).stem:34s} {rep['kernel'] + san:32s} {counts:28s} worst {', '.join(worst)} of tol, "
-                     f"{rep.get('seconds') or 0:6.1f} s{'  FAILED' if rep.get('failed') else ''}")
+                     f"{rep.get('seconds') or 0:6.1f} s{'  FAILED' if rep.get('failed') else ''}"
+                     + (f"  STOPPED after {rep['partial']['verified']} of {rep['partial']['of']} cases"
+                        if rep.get("partial") else ""))
         failing = [r for r in rep["results"] if r["status"] not in ("PASS", "SKIPPED")]
         for r in failing[:8]:
             lines.append(f"  {r['status']:13s} {r['case'][:60]} {' '.join((r.get('message') or '').split())[:100]}")
@@ -158,9 +162,13 @@ def merge(reports: list[tuple[str, dict]], json_path: str, csv_path: str | None,
     from kdtr.bench.run import csv_text, plot, rows_from_json
     from kdtr.golden.atomic import atomic_write_bytes
 
-    first = reports[0][1]
+    first = {k: v for k, v in reports[0][1].items() if k != "partial"}
     merged = {**first, "impls": list(dict.fromkeys(i for _, d in reports for i in d.get("impls", []))),
               "rows": [r for _, d in reports for r in d["rows"]]}
+    stopped = [d["partial"] for _, d in reports if d.get("partial")]
+    if stopped:  # a stopped run's shapes are in; the merged report says how many of all were asked for
+        merged["partial"] = {"timed": len(merged["rows"]),
+                             "of": sum(d.get("partial", {}).get("of", len(d["rows"])) for _, d in reports)}
     atomic_write_bytes(json_path, (json.dumps(merged, indent=1, default=str) + "\n").encode())
     rows = rows_from_json(merged["rows"])
     if csv_path:

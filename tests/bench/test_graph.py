@@ -230,3 +230,20 @@ def test_summary_carries_the_graph_column_and_its_target():
     assert "FAIL_NUMERIC" in failed and "0 of 1" in failed
     old = "\n".join(s.bench_lines([("b.json", json.loads(RESULTS[0].read_text()))], TARGETS, 5))
     assert "graph" not in old
+
+
+def test_summary_says_which_reports_were_stopped(tmp_path):
+    s = _summary()
+    whole, stopped = graph_report(), {**graph_report(), "partial": {"timed": 1, "of": 4}}
+    lines = s.bench_lines([("compute.json", whole), ("memory.json", stopped)], TARGETS, 5)
+    assert lines[0] == "bench STOPPED, shapes timed: memory 1 of 4"
+    assert not s.bench_lines([("compute.json", whole)], TARGETS, 5)[0].startswith("bench STOPPED")
+    s.merge([("compute.json", whole), ("memory.json", stopped)], str(tmp_path / "m.json"), None, None)
+    assert json.loads((tmp_path / "m.json").read_text())["partial"] == {"timed": 2, "of": 5}
+    s.merge([("compute.json", stopped), ("memory.json", whole)], str(tmp_path / "w.json"), None, None)
+    assert json.loads((tmp_path / "w.json").read_text())["partial"] == {"timed": 2, "of": 5}
+    s.merge([("compute.json", whole), ("memory.json", whole)], str(tmp_path / "n.json"), None, None)
+    assert "partial" not in json.loads((tmp_path / "n.json").read_text())
+    rep = {"kernel": "flash", "counts": {"PASS": 3}, "results": [], "failed": True, "seconds": 1.0,
+           "partial": {"verified": 3, "of": 23}}
+    assert s.verify_lines([("ci.json", rep)])[0].endswith("FAILED  STOPPED after 3 of 23 cases")
