@@ -3,7 +3,8 @@ each (kdtr/cli/<command>.py: parse, call the library, render through kdtr/cli/re
 
 Heavy modules (numpy work, rich, cupy) are imported inside the commands so that `kdtr --help`
 stays instant. Bad usage or input ends as one line on stderr and exit code 2 (KDTR_DEBUG=1 shows
-the traceback instead); a failed check exits 1; Ctrl-C exits 130.
+the traceback instead); a failed check exits 1; Ctrl-C exits 130 (bench and verify, also on SIGTERM, after
+showing and writing what they did).
 """
 
 from __future__ import annotations
