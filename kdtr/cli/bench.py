@@ -278,7 +278,8 @@ def bench_compare(old_path: str, new_path: str) -> dict:
     from kdtr.bench.run import compare_runs
 
     old, new = load_bench_report(old_path), load_bench_report(new_path)
-    return {"old": old_path, "new": new_path, "changes": compare_runs(old, new)}
+    stopped = {p: d["partial"] for p, d in ((old_path, old), (new_path, new)) if d.get("partial")}
+    return {"old": old_path, "new": new_path, "changes": compare_runs(old, new), **({"stopped": stopped} if stopped else {})}
 
 
 def render_bench_compare(d: dict) -> None:
@@ -298,6 +299,9 @@ def render_bench_compare(d: dict) -> None:
     report.table(f"bench compare {d['old']} -> {d['new']}", cols + gcols, rows,
                  right=("old us", "new us", "speedup", "old graph us", "new graph us", "graph speedup"),
                  no_wrap=("change", "graph change"))
+    for path, part in (d.get("stopped") or {}).items():
+        report.notice("stopped run:", f"{path} timed {part['timed']} of {part['of']} shapes; only pairs timed in both "
+                      "runs are compared")
     if not d["changes"]:
         report.note("no (shape, impl) pair was timed in both runs")
 

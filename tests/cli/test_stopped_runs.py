@@ -79,8 +79,10 @@ def test_the_cli_shows_writes_and_exits_130_when_stopped(kdtr, monkeypatch, tmp_
     assert "interrupted: 1 of 2 shapes timed" in r.output and "naive" in r.output
     d = json.loads(out.read_text())
     assert d["partial"] == {"timed": 1, "of": 2} and len(d["rows"]) == 1 and d["rows"][0]["cells"][0]["impl"] == "naive"
-    # a partial run is still a bench report: compare reads it
-    assert kdtr("bench", "compare", out, out).exit_code == 0
+    # a partial run is still a bench report: compare reads it, and says it was stopped
+    c = kdtr("bench", "compare", out, out)
+    said = " ".join(c.output.split())
+    assert c.exit_code == 0 and "stopped run:" in said and "timed 1 of 2 shapes" in said
 
 
 def test_a_finished_cli_run_leaves_a_whole_report(kdtr, monkeypatch, tmp_path):
