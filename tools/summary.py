@@ -165,8 +165,7 @@ def merge(reports: list[tuple[str, dict]], json_path: str, csv_path: str | None,
     first = {k: v for k, v in reports[0][1].items() if k != "partial"}
     merged = {**first, "impls": list(dict.fromkeys(i for _, d in reports for i in d.get("impls", []))),
               "rows": [r for _, d in reports for r in d["rows"]]}
-    stopped = [d["partial"] for _, d in reports if d.get("partial")]
-    if stopped:  # a stopped run's shapes are in; the merged report says how many of all were asked for
+    if any(d.get("partial") for _, d in reports):  # a stopped run's shapes are in; say how many of all were asked for
         merged["partial"] = {"timed": len(merged["rows"]),
                              "of": sum(d.get("partial", {}).get("of", len(d["rows"])) for _, d in reports)}
     atomic_write_bytes(json_path, (json.dumps(merged, indent=1, default=str) + "\n").encode())

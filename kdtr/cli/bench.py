@@ -98,13 +98,13 @@ def bench_run(specs, kernel_specs, names, peaks: dict, check: bool, devices: int
     from kdtr.bench.timing import METHOD
     from kdtr.cli import report
 
-    names_of = [i.name for i in _impls(kernel_specs, names)]
+    impls = _impls(kernel_specs, names)
     order = {s.name: i for i, s in enumerate(specs)}
     rows = []
 
     def data() -> dict:
         out = {"peaks": {k: v for k, v in peaks.items() if not isinstance(v, dict)},
-               "rows": [asdict(r) for r in sorted(rows, key=lambda r: order[r.shape])], "impls": names_of, **METHOD}
+               "rows": [asdict(r) for r in sorted(rows, key=lambda r: order[r.shape])], "impls": [i.name for i in impls], **METHOD}
         if len(rows) < len(specs):
             out["partial"] = {"timed": len(rows), "of": len(specs)}
         if graph:
@@ -113,7 +113,7 @@ def bench_run(specs, kernel_specs, names, peaks: dict, check: bool, devices: int
             out["graph"] = {**GRAPH, "checked": check}
         return out
 
-    timed = _timed_rows(specs, kernel_specs, names, peaks, check, devices, graph)
+    timed = _timed_rows(specs, impls, kernel_specs, names, peaks, check, devices, graph)
     with report.progress(len(specs), "bench", show=progress) as advance, stop_on_sigterm(), closing(timed):
         try:
             for row in timed:
@@ -126,13 +126,13 @@ def bench_run(specs, kernel_specs, names, peaks: dict, check: bool, devices: int
     return data()
 
 
-def _timed_rows(specs, kernel_specs, names, peaks, check, devices, graph):
-    """Each shape's Row as it finishes: in this process, or with devices > 1 one process per GPU
-    (CUDA_VISIBLE_DEVICES), each taking the next shape as it frees up."""
+def _timed_rows(specs, impls, kernel_specs, names, peaks, check, devices, graph):
+    """Each shape's Row as it finishes: in this process on ``impls``, or with devices > 1 one process per GPU
+    (CUDA_VISIBLE_DEVICES), each making its own implementations from the specs and taking the next shape as it
+    frees up."""
     from kdtr.bench.run import bench_shape
 
     if devices <= 1 or len(specs) <= 1:
-        impls = _impls(kernel_specs, names)
         for s in specs:
             yield bench_shape(s, impls, peaks, check=check, graph=graph)
         return
