@@ -256,12 +256,19 @@ def test_ctrl_c_with_workers_stops_promptly(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     slow = ["--model", "deepseek-v3", "--heads", "16", "--prefix", "0,30000", "--budget", "64,128,256,512"]
     cmd = [sys.executable, "-m", "kdtr", "gen", *slow, "--out", str(tmp_path), "-j", "2"]
+    # Ctrl-C's own disposition in the child: a shell that runs pytest in the background without job control
+    # has it ignored, and the child would inherit that and never see the SIGINT below
     proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 60
-    while not any(atomic.TEMP_NAME.match(p.name) for p in tmp_path.iterdir()) and time.monotonic() < deadline:
-        time.sleep(0.02)  # both workers are writing their first bundles
-    time.sleep(0.3)
+
+    def started() -> bool:  # a worker writing (a temporary file: there for a moment) or done (a bundle: it stays)
+        return any(atomic.TEMP_NAME.match(p.name) or p.suffix == ".kdtr" for p in tmp_path.iterdir())
+
+    while not started() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert started() and proc.poll() is None, "gen wrote nothing within 60 s, or had finished: nothing to interrupt"
+    time.sleep(0.3)  # the other worker is mid-case, two cases wait
     t0 = time.monotonic()
     os.killpg(proc.pid, signal.SIGINT)
     _, err = proc.communicate(timeout=60)
