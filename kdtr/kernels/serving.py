@@ -153,7 +153,7 @@ class ServingLaunch:
             from kdtr.kernels.flash import tma
 
             cfg = self.kernel.config()
-            spec = tma.kv_map_spec(num_pages, self.page_size, DK, cfg["TMA_BOX_COLS"], cfg["BN"], cfg["TMA_BOX_SLABS"])
+            spec = tma.kv_map_spec(num_pages, self.page_size, DK, cfg["TMA_BOX_COLS"], cfg["BN_MT4"], cfg["TMA_BOX_SLABS"])
             self._maps[key] = tma.encode(spec, kv_address)
         return self._maps[key]
 

@@ -109,12 +109,13 @@ def test_flash_sm90_merges_are_exact_relaunchable_and_catch_the_merge_bug(case):
     assert compare(buggy.out, want, tol).status.failed
 
 
-@pytest.mark.parametrize("name", ["flash", "flash-sm90"])
-def test_split_partials_cover_the_keys_python_says(name):
+@pytest.mark.parametrize("name,mt", [("flash", 1), ("flash", 4), ("flash-sm90", 4)])
+def test_split_partials_cover_the_keys_python_says(name, mt):
     """Each split's partial lse (workspace) equals the lse over the keys kdtr/kernels/flash/plan.py's split_ranges
-    gives that split (+ the tree tail for the last): the plan's cost model and the kernels' split
-    partition (cuda/flash_split.cuh) are one rule written twice, checked here. A shifted boundary
-    of one 16-key tile moves a split's lse by ~0.01-0.1; the bound is 2e-3."""
+    gives that split (+ the tree tail for the last), in the KV tiles of the row tile that ran (flash's 16- and
+    64-row tiles take 16- and 32-key tiles): the plan's cost model and the kernels' split partition
+    (cuda/flash_split.cuh) are one rule written twice, checked here. A shifted boundary of one 16-key tile moves
+    a split's lse by ~0.01-0.1; the bound is 2e-3."""
     import numpy as np
 
     from kdtr.inputs.cases import CaseSpec, build_problem
@@ -125,7 +126,7 @@ def test_split_partials_cover_the_keys_python_says(name):
 
     spec = CaseSpec(model="kimi-k2", heads=8, prefix_lens=(3100, 700), family="ddtree", budget=40, page_size=64)
     prob, _ = build_problem(spec)
-    kernel = resolve_kernel(f"{name}[splits=7,merge=combine]")
+    kernel = resolve_kernel(f"{name}[splits=7,merge=combine,mt={mt}]")
     dp = DeviceProblem(prob, spec.out_dtype)
     steps, ws, splits = kernel.steps(dp)
     assert splits == 7
@@ -134,7 +135,7 @@ def test_split_partials_cover_the_keys_python_says(name):
     B, T, H, R = prob.B, prob.T, prob.H, prob.T * prob.H
     lse_ws = go.workspace[: B * splits * R * (512 + 1) * 4].get().view(np.float32)[B * splits * R * 512:]
     lse_ws = lse_ws.reshape(B, splits, R)
-    bn = kernel.config()["BN"]
+    bn = kernel.variant.bn(kernel.config(), mt)
     for b in range(B):
         P = int(prob.prefix_lens[b])
         q = prob.q[b].reshape(R, DK).astype(np.float64) * prob.scale  # [R, 576]
@@ -178,7 +179,7 @@ def test_flash_sm90_reads_full_prefix_tiles_through_the_tensor_map(page_size):
     dp = DeviceProblem(prob, spec.out_dtype)
     steps, ws, splits = kernel.steps(dp)
     cfg = kernel.config()
-    full = tma.kv_map_spec(prob.kv_cache.shape[0], prob.page_size, DK, cfg["TMA_BOX_COLS"], cfg["BN"], cfg["TMA_BOX_SLABS"])
+    full = tma.kv_map_spec(prob.kv_cache.shape[0], prob.page_size, DK, cfg["TMA_BOX_COLS"], cfg["BN_MT4"], cfg["TMA_BOX_SLABS"])
     dims = (full.dims[0], full.dims[1] - 1, *full.dims[2:])
     one_less = tma.KvMapSpec(dims, full.strides, full.box)  # stays inside the cache
     shifted = tma.encode(one_less, dp.kv_cache.data.ptr + DK * 2)  # row r of the map is cache row r + 1

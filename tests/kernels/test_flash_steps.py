@@ -16,10 +16,10 @@ from kdtr.kernels.registry import resolve_kernel
 
 H200_SMS = 132
 CONFIGS = {
-    "flash-sm90": dict(BN=32, STAGES=4, MAX_T=1280, SMEM_MT4=184888, THREADS_MT4=384, COMBINE_THREADS=256,
+    "flash-sm90": dict(BN_MT4=32, STAGES=4, MAX_T=1280, SMEM_MT4=184888, THREADS_MT4=384, COMBINE_THREADS=256,
                        COMBINE_MAX_CHUNKS=4, TMA_BOX_COLS=64, TMA_BOX_SLABS=9, COMBINE_ROWS_MAX_SPLITS=32, WORK_INTS=6,
                        JOB_INTS=4, NARROW_BATCH=9, COMBINE_ROWS_BATCH=4, SMEM_TRANSPOSED=101320),
-    "flash": dict(BN=16, STAGES=3, MAX_T=1280, SMEM_MT1=42700, SMEM_MT2=43600, SMEM_MT4=68200, THREADS_MT1=128,
+    "flash": dict(BN_MT1=16, BN_MT2=16, BN_MT4=32, STAGES=2, MAX_T=1280, SMEM_MT1=42700, SMEM_MT2=43600, SMEM_MT4=97976, THREADS_MT1=128,
                   THREADS_MT2=128, THREADS_MT4=256, COMBINE_THREADS=256, COMBINE_MAX_CHUNKS=4,
                   COMBINE_ROWS_MAX_SPLITS=32, NARROW_BATCH=9, COMBINE_ROWS_BATCH=4),
 }
@@ -175,7 +175,7 @@ def test_occupancy_sm_120_plans_with_its_residency_and_pads_every_launch_to_it(f
     threads, smem = k.variant.launch_shape(cfg, mt)
     assert steps[0].smem == smem and emulated[0].block == steps[0].block == (threads, 1, 1)
     for launches, ctas in ((steps, occupancy(threads, 168, smem, SM_90)), (emulated, occupancy(threads, 168, smem, SM_120))):
-        assert launches[0].grid == plan(Shape(B, T, H, P), Device(H200_SMS), Build(mt, cfg["BN"], ctas)).grid
+        assert launches[0].grid == plan(Shape(B, T, H, P), Device(H200_SMS), Build(mt, k.variant.bn(cfg, mt), ctas)).grid
     assert made[0][0] == plain[0]  # the same build
     unpadded = {0: smem}  # the merges ask for none
     for i, s in enumerate(emulated):

@@ -82,6 +82,11 @@ class FlashVariant:
         transposed = xr == RowLayout.TRANSPOSED and "SMEM_TRANSPOSED" in config
         return config[f"THREADS_MT{mt}"], config["SMEM_TRANSPOSED" if transposed else f"SMEM_MT{mt}"]
 
+    @staticmethod
+    def bn(config: dict, mt: int) -> int:
+        """Keys a KV tile of row tile ``mt``'s build (the split table's and the split ranges' unit)."""
+        return config[f"BN_MT{mt}"]
+
     def dynamic_smem(self, name_expression: str, config: dict) -> int:
         """Dynamic shared memory a launch of kernel ``name_expression`` asks for (what FlashKernel.steps passes,
         unless a Force's occupancy pads it): the main kernel's on its row tile, the device scheduler's; 0 for the merges."""
@@ -98,13 +103,13 @@ class FlashVariant:
 
 FLASH = FlashVariant(
     "flash", CUDA_DIR / "flash.cu", "kdtr_flash_verify<{mt}, {out}, {bug}>", "kdtr_flash_config",
-    ("BN", "STAGES", "MAX_T", "SMEM_MT1", "SMEM_MT2", "SMEM_MT4", "THREADS_MT1", "THREADS_MT2", "THREADS_MT4",
+    ("BN_MT1", "BN_MT2", "BN_MT4", "STAGES", "MAX_T", "SMEM_MT1", "SMEM_MT2", "SMEM_MT4", "THREADS_MT1", "THREADS_MT2", "THREADS_MT4",
      "COMBINE_THREADS", "COMBINE_MAX_CHUNKS", "COMBINE_ROWS_MAX_SPLITS", "NARROW_BATCH", "COMBINE_ROWS_BATCH"),
     (1, 2, 4))
 FLASH_SM90 = FlashVariant(
     "flash-sm90", CUDA_DIR / "flash_sm90.cu", "kdtr_flash_sm90_verify<{out}, {bug}, {merge}, {xr}>",
     "kdtr_flash_sm90_config",
-    ("BN", "STAGES", "MAX_T", "SMEM_MT4", "THREADS_MT4", "COMBINE_THREADS", "COMBINE_MAX_CHUNKS", "TMA_BOX_COLS",
+    ("BN_MT4", "STAGES", "MAX_T", "SMEM_MT4", "THREADS_MT4", "COMBINE_THREADS", "COMBINE_MAX_CHUNKS", "TMA_BOX_COLS",
      "TMA_BOX_SLABS", "COMBINE_ROWS_MAX_SPLITS", "WORK_INTS", "JOB_INTS", "NARROW_BATCH", "COMBINE_ROWS_BATCH",
      "SMEM_TRANSPOSED"), (4,),
     "sm_90a", merges_in_kernel=True, kv_tensor_map=True, extra_rows=int(RowLayout.EXTRA), tile_ns=1060.0)
@@ -140,7 +145,7 @@ class FlashKernel:
         return occupancy(threads, registers, dynamic_smem + static_smem, limits)
 
     def config(self) -> dict:
-        """The compiled module's config array: BN, STAGES, MAX_T, smem bytes and threads per mt..."""
+        """The compiled module's config array: BN, smem bytes and threads per mt, STAGES, MAX_T..."""
         if self._config is None:
             from kdtr.kernels.launch import read_global_ints
 
@@ -190,7 +195,7 @@ class FlashKernel:
 
         transposed = (v.extra_rows and force.xr is not False and force.merge is not Merge.IN_KERNEL
                       and 0 < shape.rows <= v.extra_rows)
-        builds = [Build(mt, cfg["BN"], resident(mt, RowLayout.TILES), bug, v.merges_in_kernel, v.extra_rows,
+        builds = [Build(mt, v.bn(cfg, mt), resident(mt, RowLayout.TILES), bug, v.merges_in_kernel, v.extra_rows,
                         resident(mt, RowLayout.TRANSPOSED) if transposed else 0, v.tile_ns)
                   for mt in ((force.mt,) if force.mt else v.mts_for(shape.rows))]
         device = Device(info["sm_count"], info["l2_bytes"])
@@ -200,7 +205,7 @@ class FlashKernel:
         if table is not None:
             return self._work_table_steps(dp, shape, pl, table.recipe, mt, out_t, cfg)
         splits = self._split_table(pl.model.table(shape.capacity))
-        sched = self._sched(splits, cfg)
+        sched = self._sched(splits, build.bn)
         main = self._load(v.main.format(mt=mt, out=out_t, bug=bug, merge=int(pl.merge), xr=int(pl.xr)))
         threads, smem = v.launch_shape(cfg, mt, pl.xr)
         steps = [Step(main, pl.grid, (threads, 1, 1), smem, (*self._tensor_map_args(dp, cfg), sched), (splits,))]
@@ -218,11 +223,11 @@ class FlashKernel:
 
         return device_ints(table)
 
-    def _sched(self, splits, cfg: dict, **work_table) -> np.ndarray:
+    def _sched(self, splits, bn: int, **work_table) -> np.ndarray:
         """The FlashSched argument: the split table (its last entry the capacity's) and, for a work table, the
         recipe and where its tables live in the workspace."""
         fields = dict(splits=splits.data.ptr, table_offset=device_plan.NO_TABLE, tiles_cap=splits.size - 1,
-                      tile_shift=device_plan.tile_shift(cfg["BN"]), max_pieces=0, max_jobs=0, family=0, target=0,
+                      tile_shift=device_plan.tile_shift(bn), max_pieces=0, max_jobs=0, family=0, target=0,
                       interval=0, whole=0, row_tiles=0, rows_per_tile=0)
         return device_plan.pack(**{**fields, **work_table})
 
@@ -238,11 +243,12 @@ class FlashKernel:
             raise RuntimeError(f"{v.source.name}: work/job rows of {cfg['WORK_INTS']}/{cfg['JOB_INTS']} ints, "
                                f"kdtr/kernels/flash/schedule.py writes {len(WORK_FIELDS)}/{len(JOB_FIELDS)}")
         jobs = shape.B * pl.row_tiles
-        max_pieces = recipe.max_pieces(jobs, -(-shape.capacity // cfg["BN"]) + -(-shape.T // cfg["BN"]))
+        bn = v.bn(cfg, mt)
+        max_pieces = recipe.max_pieces(jobs, -(-shape.capacity // bn) + -(-shape.T // bn))
         partials = -(-max_pieces * rows * (DV + 1) * 4 // 16) * 16  # fp32 partial out and lse of every slot
         table_bytes = 4 * device_plan.table_ints(max_pieces, jobs, cfg["WORK_INTS"], cfg["JOB_INTS"])
         splits = self._split_table(np.ones(1, np.int32))  # unused by these builds; a valid table all the same
-        sched = self._sched(splits, cfg, table_offset=partials, max_pieces=max_pieces, max_jobs=jobs,
+        sched = self._sched(splits, bn, table_offset=partials, max_pieces=max_pieces, max_jobs=jobs,
                             family=int(recipe.family), target=recipe.target, interval=recipe.interval,
                             whole=recipe.whole, row_tiles=pl.row_tiles, rows_per_tile=rows)
         bug = kernel_bug(Bug(self.bug))
@@ -267,7 +273,7 @@ class FlashKernel:
         from kdtr.kernels.flash import tma
 
         pages, page_size = dp.problem.kv_cache.shape[0], dp.problem.page_size
-        spec = tma.kv_map_spec(pages, page_size, DK, cfg["TMA_BOX_COLS"], cfg["BN"], cfg["TMA_BOX_SLABS"])
+        spec = tma.kv_map_spec(pages, page_size, DK, cfg["TMA_BOX_COLS"], cfg["BN_MT4"], cfg["TMA_BOX_SLABS"])
         return (tma.encode(spec, dp.kv_cache.data.ptr),)
 
     @property
