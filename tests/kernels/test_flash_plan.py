@@ -20,19 +20,29 @@ def plan_of(B, T, H, prefix_max, mt=None, ctas_per_sm=1, bug=0, can_merge=False,
     return plan(Shape(B, T, H, prefix_max), Device(sm_count), build, Force(**force))
 
 
-@pytest.mark.parametrize("rows, mts", [(1, (1,)), (16, (1,)), (17, (2,)), (72, (2,)), (128, (2,)), (129, (2, 4)),
-                                       (16 * 1025, (2, 4))])
+@pytest.mark.parametrize("rows, mts", [(1, (1,)), (16, (1,)), (17, (2,)), (32, (2,)), (33, (2, 4)), (72, (2, 4)),
+                                       (129, (2, 4)), (16 * 1025, (2, 4))])
 def test_row_tile_choices_by_rows(rows, mts):
     assert row_tile_choices(rows) == mts
+
+
+@pytest.mark.parametrize("T, B, P, want", [(5, 32, 32768, 4), (5, 32, 131072, 4), (5, 1, 131072, 4), (5, 1, 32768, 2),
+                                           (9, 32, 32768, 2), (9, 32, 131072, 2), (9, 1, 131072, 2)])
+def test_the_model_picks_the_row_tile_mt4_short_measured_faster(T, B, P, want):
+    """flash's shipped tiles (32-row: 16 keys, two an SM; 64-row: 32 keys, one an SM) on Kimi trees (H = 8): `mt4-short`
+    measured the one 64-row tile 1.10-1.11x faster on T5 (40 rows) B32 and 1.07x on T5 P128k B1 (level at P32k B1),
+    three 32-row tiles 1.08-1.23x faster on T9 (72 rows)."""
+    builds = [Build(2, 16, 2), Build(4, 32, 1)]
+    assert choose_row_tile(Shape(B, T, 8, P), Device(H200_SMS), builds)[0].mt == want
 
 
 @pytest.mark.parametrize("T, want", [(65, 2), (257, 4), (513, 4)])
 @pytest.mark.parametrize("B", [1, 8])
 @pytest.mark.parametrize("P", [8192, 32768, 131072])
-def test_the_model_picks_the_row_tile_mt32_again_measured_faster(T, want, B, P):
-    """flash (16-key tiles) on the compute set at its residency (one 64-row CTA an SM, two 32-row ones): `mt32-again`
-    measured 32-row tiles 1.05-1.28x faster on every T65 shape and 0.96-0.99x on every T257 / T513 one."""
-    builds = [Build(2, 16, 2), Build(4, 16, 1)]
+def test_the_model_picks_the_compute_sets_row_tile_as_measured(T, want, B, P):
+    """The shipped tiles as above on DeepSeek (H = 16): T65 (1040 rows) on the 32-row tiles `mt-by-model` measured
+    1.05-1.29x faster, T257 / T513 on the 64-row tiles (32-row ones 0.96-0.99x before `bn32` made these 1.13-1.16x)."""
+    builds = [Build(2, 16, 2), Build(4, 32, 1)]
     assert choose_row_tile(Shape(B, T, 16, P), Device(H200_SMS), builds)[0].mt == want
 
 

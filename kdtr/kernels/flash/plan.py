@@ -8,7 +8,7 @@ lookup in the plan's split table (SplitModel.table, the cost model below tabulat
 length up to the capacity), and, for flash-sm90's work table, the pieces themselves (the device
 scheduler of cuda/flash_sched.cuh, following the recipe kdtr/kernels/flash/schedule.py chose here).
 
-The plan decides: the row tile (by the cost model beyond 128 rows), the grid's split count (the most any
+The plan decides: the row tile (by the cost model beyond 32 rows), the grid's split count (the most any
 request takes), whether flash-sm90 merges the splits itself (one-wave decode grids) or a combine launch does
 (kdtr/kernels/flash/combine.py picks which), where its transposed rows pay, and whether a work table replaces
 the uniform splits. A Force (kdtr/kernels/flash/force.py) overrides any of these choices.
@@ -159,10 +159,10 @@ class FlashPlan:
 
 
 def row_tile_choices(rows: int) -> tuple[int, ...]:
-    """Row tiles (m-tiles a CTA) the plan weighs for a request of ``rows`` query rows: 16 rows for decode and
-    32 up to 128 rows (measured on the H200: more CTAs an SM beat KV reuse there); beyond, 32 or 64 by the
-    cost model (choose_row_tile)."""
-    return (1,) if rows <= 16 else (2,) if rows <= 128 else (2, 4)
+    """Row tiles (m-tiles a CTA) the plan weighs for a request of ``rows`` query rows: 16 rows for decode, 32 up to
+    32 rows; beyond, 32 or 64 by the cost model (choose_row_tile). A request of 33-64 rows (Kimi T5: 40) fills
+    one 64-row tile that reads its KV once, where two 32-row tiles would each read it (`mt4-short`)."""
+    return (1,) if rows <= 16 else (2,) if rows <= 32 else (2, 4)
 
 
 def split_range(P: int, T: int, splits: int, bn: int, split: int) -> tuple[int, int]:
@@ -276,9 +276,11 @@ def plan_cost(prefix_max: int, T: int, bn: int, base_ctas: int, rows: int, B: in
     return cost
 
 
-ROW_TILE_SM_COST = {2: 1.023, 4: 1.0}
-"""Model: an SM's time a key over 64 query rows, by the row tile running them, against the 64-row tile's (H100,
-flash on DeepSeek T257 / T513: 32-row tiles, two an SM, 0.96-0.99x of 64-row ones, one an SM: `mt32-again`)."""
+ROW_TILE_SM_COST = {2: 1.10, 4: 1.0}
+"""Model: an SM's time a key over 64 query rows, by the row tile running them, against the 64-row tile's. H100, 32-row
+tiles two an SM against 64-row ones one an SM, on Kimi T5 B32 (40 rows, both 64 rows of work a request): 1.10-1.11x
+(`mt4-short`), with a 64-row build 4-5 % slower than the shipped one, so a lower bound. Before the 64-row tile's
+32-key KV tiles (`bn32`, 1.13-1.16x) it was 1.023 (`mt32-again`); DeepSeek T65 stays on 32-row tiles either way."""
 
 
 def row_tile_cost(shape: Shape, device: Device, build: Build, pl: FlashPlan) -> float:
@@ -293,7 +295,8 @@ def choose_row_tile(shape: Shape, device: Device, builds: list[Build],
                     force: Force = Force()) -> tuple[Build, FlashPlan]:
     """(build, its plan) for the build of ``builds`` (one a row tile of row_tile_choices) the model prices lowest
     (row_tile_cost), the larger tile on a tie: DeepSeek T65 (1040 rows) takes 32-row tiles, whose two CTAs an SM
-    fill the waves that 17 64-row tiles a request leave ragged; T257 and T513 keep 64 rows."""
+    fill the waves that 17 64-row tiles a request leave ragged; T257 and T513 keep 64 rows; Kimi T5 (40 rows) takes
+    one 64-row tile where its split grid fills the GPU (B32, or P128k), T9 (72 rows) three 32-row tiles."""
     plans = [(b, plan(shape, device, b, force)) for b in builds]
     if len(plans) == 1:
         return plans[0]
