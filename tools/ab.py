@@ -2,6 +2,7 @@
 
     python3 tools/ab.py -k flash-sm90 -k 'flash-sm90[xr=1]' --set memory [--rounds 3] [--json ab.json]
     python3 tools/ab.py -k flash-sm90 -k path/my_kernel.cu:my_verify --model kimi-k2 --budget 0,8 --prefix 32k
+    python3 tools/ab.py -k flash --tree main=../kdtr-main --tree new=. --set compute --rounds 2
 
 Per shape every spec launches on the same device inputs (kdtr.bench.run.device_problem, kernel.prepare), timed by
 kdtr's own timing (kdtr.bench.timing.time_launcher: CUDA-event medians, the L2 flushed before every repetition) in
@@ -9,14 +10,22 @@ kdtr's own timing (kdtr.bench.timing.time_launcher: CUDA-event medians, the L2 f
 median of its round medians and its spread half the range of them. The table gives each spec's time in us and, for
 every spec after the first (A), A's time over its own (above 1: faster than A), and how many output elements
 differ from A's bit for bit (0: the same results). Check a spec first with `kdtr verify -k SPEC ci`: this only times.
+
+With --tree (two source trees or more: checkouts or `git worktree`s of kdtr, each with kdtr/ and cuda/), every spec is
+timed as each tree builds and plans it, labelled SPEC@NAME: one process a tree and round, that tree first on the path
+(asserted), the tree order reversed every other round; the first tree's process also measures the peaks, and its first
+spec's outputs are the bits the other trees' cells are compared with (the same inputs where the trees draw them alike).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import string
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 
@@ -26,7 +35,7 @@ def fail(message: str) -> None:
     sys.exit(2)
 
 
-def parse_args() -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=__doc__.split("\n\n", 1)[1],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-k", "--kernel", action="append", default=[], metavar="SPEC",
@@ -44,7 +53,10 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--budget-ms", type=float, default=500.0, help="timing budget of one spec in one round (default 500)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     ap.add_argument("--json", metavar="PATH", help="also write every round's times here")
-    return ap.parse_args()
+    ap.add_argument("--tree", action="append", default=[], metavar="[NAME=]DIR",
+                    help="time the specs as this kdtr source tree builds them (two or more; NAME: its label)")
+    ap.add_argument("--worker", metavar="JOB.json", help=argparse.SUPPRESS)  # one tree's round (tree mode)
+    return ap.parse_args(argv)
 
 
 def shapes(args) -> list:
@@ -77,8 +89,9 @@ def differing(a, b) -> int:
     return n
 
 
-def time_shape(spec, kernels: list, peaks: dict, args) -> dict:
-    """Every kernel on one shape: its round medians (ms), or why it was not timed; bits differing from the first."""
+def time_shape(spec, kernels: list, peaks: dict, args, ref=None) -> tuple[dict, object]:
+    """Every kernel on one shape: its round medians (ms), or why it was not timed; bits differing from ``ref``'s
+    outputs (another process's, tree mode), else from the first kernel's. Also the first kernel's outputs."""
     import numpy as np
 
     from kdtr.bench.run import device_problem, min_bytes, roofline_ms
@@ -101,7 +114,8 @@ def time_shape(spec, kernels: list, peaks: dict, args) -> dict:
         try:
             got = k.run_on(dp)
             first = got if i == 0 else first
-            cell["differing"] = differing(first, got) if first is not None else None
+            base = ref if ref is not None else first
+            cell["differing"] = differing(base, got) if base is not None else None
             launchers[i] = k.prepare(dp)
         except Exception as e:  # a compile or launch failure of one spec: its cell says so, the others go on
             cell["status"] = f"error: {type(e).__name__}: {' '.join(str(e).split())[:120]}"
@@ -114,7 +128,115 @@ def time_shape(spec, kernels: list, peaks: dict, args) -> dict:
     for c in (row["cells"][i] for i in order):
         c["median_ms"] = float(np.median(c["rounds_ms"]))
         c["spread_ms"] = (max(c["rounds_ms"]) - min(c["rounds_ms"])) / 2
-    return row
+    return row, first
+
+
+JOB_ARGS = ("kernel", "set", "model", "tp", "budget", "prefix", "batch", "page_size", "kv_dtype", "out_dtype", "budget_ms",
+            "seed")
+"""The options a tree's worker process takes over from the command line (tree mode)."""
+
+
+def parse_trees(items: list[str]) -> list[tuple[str, Path]]:
+    """--tree [NAME=]DIR values as (label, resolved folder); ValueError naming the first bad one."""
+    trees = []
+    for item in items:
+        name, sep, folder = item.partition("=")
+        name, folder = (name, folder) if sep else ("", item)
+        path = Path(folder).expanduser().resolve()
+        if not (path / "kdtr" / "__init__.py").is_file() or not (path / "cuda").is_dir():
+            raise ValueError(f"--tree {item}: {path} is not a kdtr source tree (it needs kdtr/__init__.py and cuda/)")
+        trees.append((name or path.name, path))
+    names = [n for n, _ in trees]
+    if len(set(names)) < len(names):
+        raise ValueError(f"--tree: two trees are labelled {max(names, key=names.count)!r}; name them NAME=DIR")
+    return trees
+
+
+def worker(job_file: str) -> None:
+    """One tree's round (tree mode): this tree's kdtr times the specs once on every shape; rows to the job's out file.
+    Round 0 of the first tree measures the peaks and leaves its first spec's outputs for the others' bit counts."""
+    import numpy as np
+
+    import kdtr
+    from kdtr.bench.timing import measure_peaks
+    from kdtr.kernels.nvrtc import CUDA_DIR
+    from kdtr.kernels.registry import resolve_kernel
+
+    job = json.loads(Path(job_file).read_text())
+    tree, tmp, first_tree, r = Path(job["tree"]), Path(job["tmp"]), job["first_tree"], job["round"]
+    for what, where in (("kdtr", Path(kdtr.__file__)), ("the CUDA sources", CUDA_DIR)):
+        if not where.resolve().is_relative_to(tree):
+            raise SystemExit(f"ab.py: --tree {tree}: {what} came from {where}, not from the tree")
+    args = argparse.Namespace(**job["args"], rounds=1)
+    specs, kernels = shapes(args), [resolve_kernel(k) for k in args.kernel]
+    if first_tree and r == 0:
+        (tmp / "peaks.json").write_text(json.dumps(measure_peaks(), default=str))
+    peaks = json.loads((tmp / "peaks.json").read_text())
+    rows = []
+    for spec in specs:
+        saved = tmp / f"ref-{spec.name}.npz"
+        ref = None
+        if r == 0 and not first_tree and saved.exists():
+            with np.load(saved) as z:
+                ref = argparse.Namespace(out=z["out"], lse=z["lse"] if "lse" in z else None)
+        row, first = time_shape(spec, kernels, peaks, args, ref)
+        if r == 0 and first_tree and first is not None:
+            np.savez(saved, out=first.out, **({"lse": first.lse} if first.lse is not None else {}))
+        if r > 0:  # bits are counted in round 0
+            for c in row["cells"]:
+                c["differing"] = None
+        rows.append(row)
+        print(f"  {spec.name}", file=sys.stderr, flush=True)
+    Path(job["out"]).write_text(json.dumps({"peaks": peaks, "rows": rows}, default=str))
+
+
+def run_trees(args, trees: list[tuple[str, Path]]) -> tuple[dict, list[dict], list[str]]:
+    """Tree mode: a worker process a tree and round (the order reversed every other round), its rows merged by shape.
+    Returns (the first tree's peaks, rows as time_shape makes them, the cell labels SPEC@NAME)."""
+    import numpy as np
+
+    labels = [f"{k}@{name}" for name, _ in trees for k in args.kernel]
+    merged: dict[str, dict] = {}
+    peaks: dict = {}
+    with tempfile.TemporaryDirectory(prefix="kdtr-ab-") as tmp:
+        for r in range(args.rounds):
+            order = list(enumerate(trees))
+            for t, (name, path) in order if r % 2 == 0 else order[::-1]:
+                out = Path(tmp) / f"rows-{t}-{r}.json"
+                job = {"args": {a: getattr(args, a) for a in JOB_ARGS}, "tree": str(path), "tmp": tmp, "round": r,
+                       "first_tree": t == 0, "out": str(out)}
+                (Path(tmp) / "job.json").write_text(json.dumps(job))
+                env = {k: v for k, v in os.environ.items() if k != "KDTR_CUDA_DIR"}  # the tree's own cuda/
+                env["PYTHONPATH"] = os.pathsep.join([str(path)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+                print(f"round {r + 1} of {args.rounds}: {name} ({path})", flush=True)
+                done = subprocess.run([sys.executable, __file__, "--worker", str(Path(tmp) / "job.json")], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                if done.returncode != 0:
+                    tail = "\n".join(done.stdout.strip().splitlines()[-12:])
+                    print(f"ab.py: {name}, round {r + 1}: its process exited {done.returncode}:\n{tail}", file=sys.stderr)
+                    sys.exit(1)
+                got = json.loads(out.read_text())
+                peaks = got["peaks"] if t == 0 else peaks
+                for row in got["rows"]:
+                    m = merged.setdefault(row["shape"], {**row, "cells": {}})
+                    for i, c in enumerate(row["cells"]):
+                        cell = m["cells"].setdefault(f"{args.kernel[i]}@{name}", {**c, "rounds_ms": []})
+                        cell["rounds_ms"] += c["rounds_ms"]
+                        cell["status"] = c["status"] if c["status"] != "ok" else cell["status"]
+                        cell["differing"] = c["differing"] if c["differing"] is not None else cell["differing"]
+    rows = []
+    for m in merged.values():
+        cells = []
+        for label in labels:
+            c = m["cells"].get(label) or {"status": "missing: this tree has no such shape", "rounds_ms": [],
+                                          "differing": None}
+            c["spec"] = label
+            if c["status"] == "ok" and c["rounds_ms"]:
+                c["median_ms"] = float(np.median(c["rounds_ms"]))
+                c["spread_ms"] = (max(c["rounds_ms"]) - min(c["rounds_ms"])) / 2
+            cells.append(c)
+        rows.append({**m, "cells": cells})
+    return peaks, rows, labels
 
 
 def print_table(rows: list[dict], specs: list[str]) -> None:
@@ -153,10 +275,20 @@ def print_table(rows: list[dict], specs: list[str]) -> None:
 
 def main() -> None:
     args = parse_args()
-    if len(args.kernel) < 2:
-        fail("give two or more kernel specs, e.g. -k flash-sm90 -k 'flash-sm90[xr=1]'")
-    if len(args.kernel) > 26:
-        fail("at most 26 kernel specs (A to Z)")
+    if args.worker:
+        worker(args.worker)
+        return
+    try:
+        trees = parse_trees(args.tree)
+    except ValueError as e:
+        fail(str(e))
+    if len(trees) == 1:
+        fail("--tree: give two trees or more (without --tree, the specs run as this checkout builds them)")
+    cells = len(args.kernel) * max(1, len(trees))
+    if cells < 2:
+        fail("give two or more kernel specs, e.g. -k flash-sm90 -k 'flash-sm90[xr=1]' (or one spec and two --tree)")
+    if cells > 26:
+        fail("at most 26 cells (A to Z): kernel specs times trees")
     if args.rounds < 1:
         fail(f"--rounds {args.rounds}: give 1 or more")
     if args.json and not Path(args.json).resolve().parent.is_dir():
@@ -180,18 +312,25 @@ def main() -> None:
         fail("a kernel spec is given twice: each spec once (the rounds repeat it)")
     if not gpu_available():
         fail(f"needs a CUDA GPU and cupy: {gpu_unavailable_reason()}")
-    peaks = measure_peaks()  # the roofline's two ceilings and the mma.sync one, measured in this process like the times
     from kdtr.cli.bench import mma_text
 
-    print(f"peaks on {peaks['device']}: copy {peaks['copy_gbs']:.0f} GB/s, bf16 GEMM {peaks['gemm_tflops']:.0f} TFLOP/s, "
-          f"{mma_text(peaks)}; {len(specs)} shapes, {args.rounds} rounds", flush=True)
-    rows = [time_shape(s, kernels, peaks, args) for s in specs]
-    print_table(rows, [k.name for k in kernels])
+    if trees:
+        print(f"{len(specs)} shapes, {args.rounds} rounds, {len(trees)} trees", flush=True)
+        peaks, rows, labels = run_trees(args, trees)
+    else:
+        peaks = measure_peaks()  # the roofline's two ceilings and the mma.sync one, measured in this process like the times
+        print(f"peaks on {peaks['device']}: copy {peaks['copy_gbs']:.0f} GB/s, bf16 GEMM {peaks['gemm_tflops']:.0f} TFLOP/s, "
+              f"{mma_text(peaks)}; {len(specs)} shapes, {args.rounds} rounds", flush=True)
+        rows, labels = [time_shape(s, kernels, peaks, args)[0] for s in specs], [k.name for k in kernels]
+    if trees:
+        print(f"peaks on {peaks['device']} (the first tree's process): copy {peaks['copy_gbs']:.0f} GB/s, bf16 GEMM "
+              f"{peaks['gemm_tflops']:.0f} TFLOP/s, {mma_text(peaks)}")
+    print_table(rows, labels)
     if args.json:
         from kdtr.golden.atomic import atomic_write_bytes
 
-        atomic_write_bytes(args.json, (json.dumps({"peaks": peaks, "specs": args.kernel, "rows": rows}, indent=1,
-                                                  default=str) + "\n").encode())
+        report = {"peaks": peaks, "specs": labels, "trees": {n: str(p) for n, p in trees}, "rows": rows}
+        atomic_write_bytes(args.json, (json.dumps(report, indent=1, default=str) + "\n").encode())
 
 
 if __name__ == "__main__":
