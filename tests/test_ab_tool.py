@@ -4,7 +4,6 @@ processes (faked here) interleaved, merged by shape and labelled SPEC@NAME."""
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import subprocess
@@ -13,15 +12,14 @@ from pathlib import Path
 
 import pytest
 
+from tool_loader import load_tool
+
 ROOT = Path(__file__).resolve().parent.parent
 TOOL = ROOT / "tools" / "ab.py"
 
 
 def _ab():
-    spec = importlib.util.spec_from_file_location("kdtr_tools_ab", TOOL)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_tool("ab")
 
 
 def _tree(path: Path) -> Path:

@@ -5,20 +5,18 @@ writes (a preamble, then a header row starting with Address)."""
 from __future__ import annotations
 
 import csv
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
+
+from tool_loader import load_tool
 
 ROOT = Path(__file__).resolve().parent.parent
 TOOL = ROOT / "tools" / "stalls.py"
 
 
 def _stalls():
-    spec = importlib.util.spec_from_file_location("kdtr_tools_stalls", TOOL)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_tool("stalls")
 
 
 ROWS = [  # (SASS, samples, executions, wait, barrier): a prologue, then 100 passes of a two-barrier loop
