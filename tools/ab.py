@@ -35,7 +35,7 @@ def fail(message: str) -> None:
     sys.exit(2)
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=__doc__.split("\n\n", 1)[1],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-k", "--kernel", action="append", default=[], metavar="SPEC",
@@ -56,7 +56,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--tree", action="append", default=[], metavar="[NAME=]DIR",
                     help="time the specs as this kdtr source tree builds them (two or more; NAME: its label)")
     ap.add_argument("--worker", metavar="JOB.json", help=argparse.SUPPRESS)  # one tree's round (tree mode)
-    return ap.parse_args(argv)
+    return ap.parse_args()
 
 
 def shapes(args) -> list:
@@ -92,8 +92,6 @@ def differing(a, b) -> int:
 def time_shape(spec, kernels: list, peaks: dict, args, ref=None) -> tuple[dict, object]:
     """Every kernel on one shape: its round medians (ms), or why it was not timed; bits differing from ``ref``'s
     outputs (another process's, tree mode), else from the first kernel's. Also the first kernel's outputs."""
-    import numpy as np
-
     from kdtr.bench.run import device_problem, min_bytes, roofline_ms
     from kdtr.bench.timing import l2_flush_bytes, time_launcher
     from kdtr.inputs.problem import visible_flops
@@ -126,9 +124,16 @@ def time_shape(spec, kernels: list, peaks: dict, args, ref=None) -> tuple[dict, 
             t = time_launcher(launchers[i], flush_bytes=flush, budget_ms=args.budget_ms)
             row["cells"][i]["rounds_ms"].append(t["median_ms"])
     for c in (row["cells"][i] for i in order):
-        c["median_ms"] = float(np.median(c["rounds_ms"]))
-        c["spread_ms"] = (max(c["rounds_ms"]) - min(c["rounds_ms"])) / 2
+        summarize(c)
     return row, first
+
+
+def summarize(cell: dict) -> None:
+    """A timed cell's time (the median of its round medians) and spread (half their range), in place."""
+    import numpy as np
+
+    cell["median_ms"] = float(np.median(cell["rounds_ms"]))
+    cell["spread_ms"] = (max(cell["rounds_ms"]) - min(cell["rounds_ms"])) / 2
 
 
 JOB_ARGS = ("kernel", "set", "model", "tp", "budget", "prefix", "batch", "page_size", "kv_dtype", "out_dtype", "budget_ms",
@@ -193,8 +198,6 @@ def worker(job_file: str) -> None:
 def run_trees(args, trees: list[tuple[str, Path]]) -> tuple[dict, list[dict], list[str]]:
     """Tree mode: a worker process a tree and round (the order reversed every other round), its rows merged by shape.
     Returns (the first tree's peaks, rows as time_shape makes them, the cell labels SPEC@NAME)."""
-    import numpy as np
-
     labels = [f"{k}@{name}" for name, _ in trees for k in args.kernel]
     merged: dict[str, dict] = {}
     peaks: dict = {}
@@ -232,8 +235,7 @@ def run_trees(args, trees: list[tuple[str, Path]]) -> tuple[dict, list[dict], li
                                           "differing": None}
             c["spec"] = label
             if c["status"] == "ok" and c["rounds_ms"]:
-                c["median_ms"] = float(np.median(c["rounds_ms"]))
-                c["spread_ms"] = (max(c["rounds_ms"]) - min(c["rounds_ms"])) / 2
+                summarize(c)
             cells.append(c)
         rows.append({**m, "cells": cells})
     return peaks, rows, labels
@@ -314,22 +316,23 @@ def main() -> None:
         fail(f"needs a CUDA GPU and cupy: {gpu_unavailable_reason()}")
     from kdtr.cli.bench import mma_text
 
+    def peaks_line(pk: dict, where: str) -> str:
+        return (f"peaks on {pk['device']}{where}: copy {pk['copy_gbs']:.0f} GB/s, bf16 GEMM {pk['gemm_tflops']:.0f} TFLOP/s, "
+                f"{mma_text(pk)}; {len(specs)} shapes, {args.rounds} rounds")
+
     if trees:
-        print(f"{len(specs)} shapes, {args.rounds} rounds, {len(trees)} trees", flush=True)
         peaks, rows, labels = run_trees(args, trees)
+        print(peaks_line(peaks, f" (the first tree's process), {len(trees)} trees"))
     else:
         peaks = measure_peaks()  # the roofline's two ceilings and the mma.sync one, measured in this process like the times
-        print(f"peaks on {peaks['device']}: copy {peaks['copy_gbs']:.0f} GB/s, bf16 GEMM {peaks['gemm_tflops']:.0f} TFLOP/s, "
-              f"{mma_text(peaks)}; {len(specs)} shapes, {args.rounds} rounds", flush=True)
+        print(peaks_line(peaks, ""), flush=True)
         rows, labels = [time_shape(s, kernels, peaks, args)[0] for s in specs], [k.name for k in kernels]
-    if trees:
-        print(f"peaks on {peaks['device']} (the first tree's process): copy {peaks['copy_gbs']:.0f} GB/s, bf16 GEMM "
-              f"{peaks['gemm_tflops']:.0f} TFLOP/s, {mma_text(peaks)}")
     print_table(rows, labels)
     if args.json:
         from kdtr.golden.atomic import atomic_write_bytes
 
-        report = {"peaks": peaks, "specs": labels, "trees": {n: str(p) for n, p in trees}, "rows": rows}
+        report = {"peaks": peaks, "specs": labels if trees else args.kernel, "trees": {n: str(p) for n, p in trees},
+                  "rows": rows}
         atomic_write_bytes(args.json, (json.dumps(report, indent=1, default=str) + "\n").encode())
 
 
