@@ -96,3 +96,74 @@ def test_two_copies_of_one_tree_time_alike_and_give_the_same_bits(tmp_path):
     assert report["specs"] == ["flash@a", "flash@b"] and [c["spec"] for c in row["cells"]] == report["specs"]
     assert all(c["status"] == "ok" and len(c["rounds_ms"]) == 2 and c["differing"] == 0 for c in row["cells"])
     assert "A/B" in done.stdout
+
+
+def test_a_stopped_run_keeps_its_rounds_in_the_json(tmp_path, monkeypatch):
+    """Stopped in tree b's second round (SIGTERM reaches ab.py as KeyboardInterrupt), the rounds done and the shape
+    that round had finished are merged and written, marked partial; the cells never timed say so."""
+    ab = _ab()
+    trees = ab.parse_trees([f"a={_tree(tmp_path / 'a')}", f"b={_tree(tmp_path / 'b')}"])
+    calls = []
+
+    def fake_run(cmd, env, **kw):  # two shapes a round; the third worker (b, round 1) is stopped after one of them
+        job = json.loads(Path(cmd[-1]).read_text())
+        calls.append(job["round"])
+        shapes = ["s1"] if len(calls) == 3 else ["s1", "s2"]
+        rows = [{"shape": s, "dims": {"model": "m", "T": 5, "P": 1024, "B": 1}, "roofline_ms": 1.0,
+                 "cells": [{"spec": "flash", "status": "ok", "rounds_ms": [10.0 + len(calls)], "differing": 0}]}
+                for s in shapes]
+        Path(job["out"]).write_text(json.dumps({"peaks": {"device": "gpu"}, "rows": rows}))
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return argparse.Namespace(returncode=0, stdout="")
+
+    monkeypatch.setattr(ab.subprocess, "run", fake_run)
+    args = argparse.Namespace(**{a: None for a in ab.JOB_ARGS}, rounds=2, json=str(tmp_path / "ab.json"))
+    args.kernel = ["flash"]
+    progress = ab.Progress(args, ab.tree_labels(args.kernel, trees), trees)
+    with pytest.raises(KeyboardInterrupt):
+        ab.run_trees(args, trees, progress)
+    saved = json.loads((tmp_path / "ab.json").read_text())
+    assert saved["partial"] is True and saved["specs"] == ["flash@a", "flash@b"] and saved["peaks"] == {"device": "gpu"}
+    by_shape = {r["shape"]: [c["rounds_ms"] for c in r["cells"]] for r in saved["rows"]}
+    assert by_shape == {"s1": [[11.0], [12.0, 13.0]], "s2": [[11.0], [12.0]]}
+    (s2,) = [r for r in saved["rows"] if r["shape"] == "s2"]
+    assert all(c["status"] == "ok" and c["median_ms"] for c in s2["cells"])
+    progress.save(partial=False)
+    assert json.loads((tmp_path / "ab.json").read_text())["partial"] is False
+
+
+def test_a_cell_no_round_timed_says_why():
+    rows = _ab().finish_rows({"s1": {"shape": "s1", "cells": {"flash@a": {"status": "ok", "rounds_ms": [],
+                                                                          "differing": None}}}}, ["flash@a", "flash@b"])
+    assert [c["status"] for c in rows[0]["cells"]] == ["missing: not timed (stopped first)",
+                                                       "missing: not timed (no such shape, or stopped first)"]
+
+
+def test_stopped_it_prints_what_was_done_writes_it_partial_and_exits_130(tmp_path, monkeypatch, capsys):
+    ab = _ab()
+    import kdtr.kernels.launch as launch
+
+    out = tmp_path / "ab.json"
+    monkeypatch.setattr(sys, "argv", ["ab.py", "-k", "flash", "--tree", f"a={ROOT}", "--tree", f"b={ROOT}",
+                                      "--set", "memory", "--json", str(out)])
+    monkeypatch.setattr(launch, "gpu_available", lambda: True)
+    peaks = {"device": "gpu", "copy_gbs": 3000.0, "gemm_tflops": 800.0, "mma_tflops": 630.0}
+    cell = {"status": "ok", "rounds_ms": [0.05], "differing": 0}
+    rows = [{"shape": "s1", "dims": {"model": "kimi-k2", "T": 5, "P": 32768, "B": 1}, "roofline_ms": 0.0125,
+             "cells": [{**cell, "spec": "flash@a"}, {**cell, "spec": "flash@b", "rounds_ms": [0.04]}]}]
+    for c in rows[0]["cells"]:
+        ab.summarize(c)
+
+    def stopped(args, trees, progress):  # one tree round each, then SIGTERM
+        progress.update(peaks, rows)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ab, "run_trees", stopped)
+    with pytest.raises(SystemExit) as e:
+        ab.main()
+    shown = capsys.readouterr()
+    assert e.value.code == 130 and "stopped" in shown.err
+    assert "kimi-k2 T5 P32k B1" in shown.out and "1.250x" in shown.out and "peaks on gpu" in shown.out
+    saved = json.loads(out.read_text())
+    assert saved["partial"] is True and saved["rows"][0]["cells"][1]["median_ms"] == 0.04

@@ -15,6 +15,10 @@ With --tree (two source trees or more: checkouts or `git worktree`s of kdtr, eac
 timed as each tree builds and plans it, labelled SPEC@NAME: one process a tree and round, that tree first on the path
 (asserted), the tree order reversed every other round; the first tree's process also measures the peaks, and its first
 spec's outputs are the bits the other trees' cells are compared with (the same inputs where the trees draw them alike).
+
+Stopped by Ctrl-C or SIGTERM (`timeout`), it prints the table of the rounds done by then and exits 130; --json is
+rewritten after every shape (tree mode: every tree's round, with the shapes a stopped round had done), marked
+"partial" until the run ends.
 """
 
 from __future__ import annotations
@@ -191,14 +195,15 @@ def worker(job_file: str) -> None:
             for c in row["cells"]:
                 c["differing"] = None
         rows.append(row)
+        write_json(Path(job["out"]), {"peaks": peaks, "rows": rows})  # after every shape: a stopped round keeps them
         print(f"  {spec.name}", file=sys.stderr, flush=True)
-    Path(job["out"]).write_text(json.dumps({"peaks": peaks, "rows": rows}, default=str))
 
 
-def run_trees(args, trees: list[tuple[str, Path]]) -> tuple[dict, list[dict], list[str]]:
-    """Tree mode: a worker process a tree and round (the order reversed every other round), its rows merged by shape.
+def run_trees(args, trees: list[tuple[str, Path]], progress: Progress | None = None) -> tuple[dict, list[dict], list[str]]:
+    """Tree mode: a worker process a tree and round (the order reversed every other round), its rows merged by shape
+    and handed to ``progress`` after every worker, also one that was stopped (its shapes done so far).
     Returns (the first tree's peaks, rows as time_shape makes them, the cell labels SPEC@NAME)."""
-    labels = [f"{k}@{name}" for name, _ in trees for k in args.kernel]
+    labels = tree_labels(args.kernel, trees)
     merged: dict[str, dict] = {}
     peaks: dict = {}
     with tempfile.TemporaryDirectory(prefix="kdtr-ab-") as tmp:
@@ -212,33 +217,82 @@ def run_trees(args, trees: list[tuple[str, Path]]) -> tuple[dict, list[dict], li
                 env = {k: v for k, v in os.environ.items() if k != "KDTR_CUDA_DIR"}  # the tree's own cuda/
                 env["PYTHONPATH"] = os.pathsep.join([str(path)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
                 print(f"round {r + 1} of {args.rounds}: {name} ({path})", flush=True)
-                done = subprocess.run([sys.executable, __file__, "--worker", str(Path(tmp) / "job.json")], env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                try:  # stopped (Ctrl-C, SIGTERM), subprocess.run kills the worker; the shapes it wrote still count
+                    done = subprocess.run([sys.executable, __file__, "--worker", str(Path(tmp) / "job.json")], env=env,
+                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                finally:
+                    if out.exists():
+                        got = json.loads(out.read_text())
+                        peaks = got["peaks"] if t == 0 else peaks
+                        merge_rows(merged, got["rows"], args.kernel, name)
+                    if progress is not None:
+                        progress.update(peaks, finish_rows(merged, labels))
                 if done.returncode != 0:
                     tail = "\n".join(done.stdout.strip().splitlines()[-12:])
                     print(f"ab.py: {name}, round {r + 1}: its process exited {done.returncode}:\n{tail}", file=sys.stderr)
                     sys.exit(1)
-                got = json.loads(out.read_text())
-                peaks = got["peaks"] if t == 0 else peaks
-                for row in got["rows"]:
-                    m = merged.setdefault(row["shape"], {**row, "cells": {}})
-                    for i, c in enumerate(row["cells"]):
-                        cell = m["cells"].setdefault(f"{args.kernel[i]}@{name}", {**c, "rounds_ms": []})
-                        cell["rounds_ms"] += c["rounds_ms"]
-                        cell["status"] = c["status"] if c["status"] != "ok" else cell["status"]
-                        cell["differing"] = c["differing"] if c["differing"] is not None else cell["differing"]
+    return peaks, finish_rows(merged, labels), labels
+
+
+def tree_labels(kernels: list[str], trees: list[tuple[str, Path]]) -> list[str]:
+    """The cell labels of tree mode, SPEC@NAME, tree by tree."""
+    return [f"{k}@{name}" for name, _ in trees for k in kernels]
+
+
+def merge_rows(merged: dict[str, dict], rows: list[dict], kernels: list[str], name: str) -> None:
+    """One worker's rows into the run's, by shape (in place): its round times appended to each SPEC@NAME cell."""
+    for row in rows:
+        m = merged.setdefault(row["shape"], {**row, "cells": {}})
+        for i, c in enumerate(row["cells"]):
+            cell = m["cells"].setdefault(f"{kernels[i]}@{name}", {**c, "rounds_ms": []})
+            cell["rounds_ms"] += c["rounds_ms"]
+            cell["status"] = c["status"] if c["status"] != "ok" else cell["status"]
+            cell["differing"] = c["differing"] if c["differing"] is not None else cell["differing"]
+
+
+def finish_rows(merged: dict[str, dict], labels: list[str]) -> list[dict]:
+    """The merged rows as time_shape makes them: cells in label order, each timed one summarized; a cell a tree has
+    not timed (no such shape, or the run stopped first) says so in its status."""
     rows = []
     for m in merged.values():
         cells = []
         for label in labels:
-            c = m["cells"].get(label) or {"status": "missing: this tree has no such shape", "rounds_ms": [],
-                                          "differing": None}
-            c["spec"] = label
+            c = {**(m["cells"].get(label) or {"status": "missing: not timed (no such shape, or stopped first)",
+                                              "rounds_ms": [], "differing": None}), "spec": label}
             if c["status"] == "ok" and c["rounds_ms"]:
                 summarize(c)
+            elif c["status"] == "ok":
+                c["status"] = "missing: not timed (stopped first)"
             cells.append(c)
         rows.append({**m, "cells": cells})
-    return peaks, rows, labels
+    return rows
+
+
+class Progress:
+    """What a run has timed so far, rewritten to --json after every shape (tree mode: every worker) and marked
+    partial until the run ends, so a run that is stopped or killed keeps its rounds."""
+
+    def __init__(self, args, labels: list[str], trees: list[tuple[str, Path]]):
+        self.path = Path(args.json) if args.json else None
+        self.labels, self.trees = labels, trees
+        self.peaks: dict = {}
+        self.rows: list[dict] = []
+
+    def update(self, peaks: dict, rows: list[dict]) -> None:
+        self.peaks, self.rows = peaks, rows
+        self.save(partial=True)
+
+    def save(self, partial: bool) -> None:
+        if self.path is not None:
+            write_json(self.path, {"peaks": self.peaks, "specs": self.labels, "partial": partial,
+                                   "trees": {n: str(p) for n, p in self.trees}, "rows": self.rows})
+
+
+def write_json(path: Path, data: dict) -> None:
+    """``data`` to ``path`` atomically (a reader never sees half a file)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1, default=str) + "\n")
+    os.replace(tmp, path)
 
 
 def print_table(rows: list[dict], specs: list[str]) -> None:
@@ -320,20 +374,31 @@ def main() -> None:
         return (f"peaks on {pk['device']}{where}: copy {pk['copy_gbs']:.0f} GB/s, bf16 GEMM {pk['gemm_tflops']:.0f} TFLOP/s, "
                 f"{mma_text(pk)}; {len(specs)} shapes, {args.rounds} rounds")
 
-    if trees:
-        peaks, rows, labels = run_trees(args, trees)
-        print(peaks_line(peaks, f" (the first tree's process), {len(trees)} trees"))
-    else:
-        peaks = measure_peaks()  # the roofline's two ceilings and the mma.sync one, measured in this process like the times
-        print(peaks_line(peaks, ""), flush=True)
-        rows, labels = [time_shape(s, kernels, peaks, args)[0] for s in specs], [k.name for k in kernels]
-    print_table(rows, labels)
-    if args.json:
-        from kdtr.golden.atomic import atomic_write_bytes
+    from kdtr.cli.options import EXIT_INTERRUPTED, stop_on_sigterm
 
-        report = {"peaks": peaks, "specs": labels if trees else args.kernel, "trees": {n: str(p) for n, p in trees},
-                  "rows": rows}
-        atomic_write_bytes(args.json, (json.dumps(report, indent=1, default=str) + "\n").encode())
+    progress = Progress(args, tree_labels(args.kernel, trees) if trees else args.kernel, trees)
+    stopped = False
+    with stop_on_sigterm():  # SIGTERM (timeout, a scheduler) stops the run as Ctrl-C does: what is done is kept
+        try:
+            if trees:
+                run_trees(args, trees, progress)
+            else:
+                peaks = measure_peaks()  # the roofline's two ceilings and the mma.sync one, in this process like the times
+                print(peaks_line(peaks, ""), flush=True)
+                rows = []
+                for s in specs:
+                    rows.append(time_shape(s, kernels, peaks, args)[0])
+                    progress.update(peaks, rows)
+        except KeyboardInterrupt:
+            stopped = True
+    if trees and progress.peaks:
+        print(peaks_line(progress.peaks, f" (the first tree's process), {len(trees)} trees"))
+    print_table(progress.rows, progress.labels)
+    progress.save(partial=stopped)
+    if stopped:
+        print(f"ab.py: stopped; the table holds the rounds done by then{' (also in --json, marked partial)' if args.json else ''}",
+              file=sys.stderr)
+        sys.exit(EXIT_INTERRUPTED)
 
 
 if __name__ == "__main__":
