@@ -259,6 +259,20 @@ def test_reports_from_before_the_mma_ceiling_load_and_render(path, capsys):
     assert MMA_COLUMN not in out and "% roofline" in out
 
 
+@pytest.mark.parametrize("path", sorted((ROOT / "benchmarks" / "results").glob("sweep_*.json")), ids=lambda p: p.name)
+def test_the_committed_sweep_loads_and_renders_its_mma_and_graph_columns(path, capsys):
+    from kdtr.cli.bench import MMA_COLUMN, load_bench_report, render_bench
+
+    d = load_bench_report(str(path))
+    rows = run.rows_from_json(d["rows"])
+    compute = [c for r in rows if r.bound == "compute" for c in r.cells if c.status == "ok"]
+    assert rows and all(c.pct_mma_ceiling is not None for c in compute)
+    assert any(c.graph_status == "ok" for r in rows for c in r.cells)
+    render_bench(d)
+    out = capsys.readouterr().out
+    assert "% roofline" in out and MMA_COLUMN in out  # the ceiling was measured in that run
+
+
 # ---- on a GPU ------------------------------------------------------------------------------------------
 
 @pytest.mark.gpu
