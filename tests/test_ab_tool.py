@@ -120,7 +120,8 @@ def test_a_stopped_run_keeps_its_rounds_in_the_json(tmp_path, monkeypatch):
     monkeypatch.setattr(ab.subprocess, "run", fake_run)
     args = argparse.Namespace(**{a: None for a in ab.JOB_ARGS}, rounds=2, json=str(tmp_path / "ab.json"))
     args.kernel = ["flash"]
-    progress = ab.Progress(args, ab.tree_labels(args.kernel, trees), trees)
+    labels = ab.tree_labels(args.kernel, trees)
+    progress = ab.Progress(args, labels, labels, trees)
     with pytest.raises(KeyboardInterrupt):
         ab.run_trees(args, trees, progress)
     saved = json.loads((tmp_path / "ab.json").read_text())

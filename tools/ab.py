@@ -168,6 +168,7 @@ def worker(job_file: str) -> None:
 
     import kdtr
     from kdtr.bench.timing import measure_peaks
+    from kdtr.golden.atomic import atomic_write_bytes
     from kdtr.kernels.nvrtc import CUDA_DIR
     from kdtr.kernels.registry import resolve_kernel
 
@@ -195,7 +196,8 @@ def worker(job_file: str) -> None:
             for c in row["cells"]:
                 c["differing"] = None
         rows.append(row)
-        write_json(Path(job["out"]), {"peaks": peaks, "rows": rows})  # after every shape: a stopped round keeps them
+        # after every shape, so that a stopped round keeps the shapes it did
+        atomic_write_bytes(job["out"], json.dumps({"peaks": peaks, "rows": rows}, default=str).encode())
         print(f"  {spec.name}", file=sys.stderr, flush=True)
 
 
@@ -270,29 +272,34 @@ def finish_rows(merged: dict[str, dict], labels: list[str]) -> list[dict]:
 
 class Progress:
     """What a run has timed so far, rewritten to --json after every shape (tree mode: every worker) and marked
-    partial until the run ends, so a run that is stopped or killed keeps its rounds."""
+    partial until the run ends, so a run that is stopped or killed keeps its rounds (kdtr.cli.options.checkpoint_to,
+    as `kdtr bench` does). ``labels`` head the table's columns, ``specs`` name them in the JSON."""
 
-    def __init__(self, args, labels: list[str], trees: list[tuple[str, Path]]):
-        self.path = Path(args.json) if args.json else None
-        self.labels, self.trees = labels, trees
+    def __init__(self, args, labels: list[str], specs: list[str], trees: list[tuple[str, Path]]):
+        from kdtr.cli.options import checkpoint_to
+
+        self.path, self.checkpoint = args.json, checkpoint_to(args.json)
+        self.labels, self.specs, self.trees = labels, specs, trees
         self.peaks: dict = {}
         self.rows: list[dict] = []
 
+    def report(self, partial: bool) -> dict:
+        return {"peaks": self.peaks, "specs": self.specs, "partial": partial,
+                "trees": {n: str(p) for n, p in self.trees}, "rows": self.rows}
+
     def update(self, peaks: dict, rows: list[dict]) -> None:
+        """The rows so far, checkpointed (a failed write lets the run go on; the last one says so)."""
         self.peaks, self.rows = peaks, rows
-        self.save(partial=True)
+        if self.checkpoint is not None:
+            self.checkpoint(self.report(partial=True))
 
     def save(self, partial: bool) -> None:
-        if self.path is not None:
-            write_json(self.path, {"peaks": self.peaks, "specs": self.labels, "partial": partial,
-                                   "trees": {n: str(p) for n, p in self.trees}, "rows": self.rows})
+        """The last write, which fails loudly."""
+        if self.path:
+            from kdtr.cli.options import dumps
+            from kdtr.golden.atomic import atomic_write_bytes
 
-
-def write_json(path: Path, data: dict) -> None:
-    """``data`` to ``path`` atomically (a reader never sees half a file)."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1, default=str) + "\n")
-    os.replace(tmp, path)
+            atomic_write_bytes(self.path, (dumps(self.report(partial)) + "\n").encode())
 
 
 def print_table(rows: list[dict], specs: list[str]) -> None:
@@ -376,7 +383,8 @@ def main() -> None:
 
     from kdtr.cli.options import EXIT_INTERRUPTED, stop_on_sigterm
 
-    progress = Progress(args, tree_labels(args.kernel, trees) if trees else args.kernel, trees)
+    labels = tree_labels(args.kernel, trees) if trees else [k.name for k in kernels]
+    progress = Progress(args, labels, labels if trees else args.kernel, trees)
     stopped = False
     with stop_on_sigterm():  # SIGTERM (timeout, a scheduler) stops the run as Ctrl-C does: what is done is kept
         try:
