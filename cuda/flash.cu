@@ -24,7 +24,8 @@
 //     registers it spills). Tail tiles only: a thread reads its keys' mask word once (64-row tile) or
 //     once a key (16-key tiles: faster there).
 //   * O = P V: warp w owns output columns w*64..+64 of all 64 rows (128 fp32 accumulators); V is
-//     the same shared tile read through ldmatrix.trans.
+//     the same shared tile read through ldmatrix.trans. O's rescale is skipped on a tile where no row
+//     took a new max (a warp vote over the row factors: every factor is then 1, the bits the same).
 //   * Tree tail in the same pass: only tail tiles that some row of the tile sees are loaded (a
 //     live-tile list built from the mask words at the start); mask bits decide visibility.
 //   * Split-KV: the prefix of each request is cut into equal ranges (BN-key aligned), as many as its
@@ -376,42 +377,61 @@ __global__ void __launch_bounds__(flash::Tile<MT>::NTHREADS, 1) kdtr_flash_verif
 #pragma unroll
       for (int e = 0; e < EPT; e += 2)
         *reinterpret_cast<__nv_bfloat162*>(ps + sr * PS_STRIDE + sk + e) = __floats2bfloat162_rn(sv[e], sv[e + 1]);
-      if (tid % TPR == 0) rowf[sr] = alpha;
+      // a row that held nothing (m_run = -inf) has O = 0, which any factor leaves: 1, so that O's rescale below
+      // is skipped on tiles where no row's max moved (not 0, which an underflowed factor also gives)
+      if (tid % TPR == 0) rowf[sr] = m_run == kdtr::neg_inf() ? 1.f : alpha;
     }
     __syncthreads();  // [C] P and alpha ready
 
     // O[:, cols of this warp] = alpha * O + P V
     {
       const int cb = warp * COLS_W;
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-        const float a0 = rowf[mt * 16 + g], a1 = rowf[mt * 16 + g + 8];
-#pragma unroll
-        for (int nt = 0; nt < NT_O; ++nt) {
-          acc[mt][nt][0] *= a0;
-          acc[mt][nt][1] *= a0;
-          acc[mt][nt][2] *= a1;
-          acc[mt][nt][3] *= a1;
-        }
-      }
       // m-tiles in groups of MG: P fragments of a group stay in registers while V is walked, 16 keys
       // (one k-step) at a time (MG = 2 keeps the 64-row variant within its registers; V is then read twice).
       constexpr int MG = MT < 2 ? MT : 2;
       const int vkey = (lane & 7) + ((lane >> 3) & 1) * 8;
+      auto load_p = [&](unsigned (&pa)[MG][4], int m0, int kh) {
+#pragma unroll
+        for (int mg = 0; mg < MG; ++mg)
+          ldsm_x4(pa[mg], smem_addr(ps + ((m0 + mg) * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * PS_STRIDE +
+                                    kh * 16 + (lane >> 4) * 8));
+      };
+      auto load_v = [&](unsigned (&vb)[4], int kh, int nt) {
+        ldsm_x4_trans(vb, smem_addr(stile + (kh * 16 + vkey) * ROW_BYTES +
+                                    (kdtr::V_COL0<BUG> + cb + (nt + (lane >> 4)) * 8) * 2));
+      };
+      bool rescale = false;
 #pragma unroll
       for (int m0 = 0; m0 < MT; m0 += MG) {
+        // the group's first P fragments are asked for before the rescale, whose FMULs then fill their latency
         unsigned pa[MG][4];
+        load_p(pa, m0, 0);
+        if (m0 == 0) {  // some row of the tile took a new max (each warp reads every row's factor)
+          bool moved = false;
+#pragma unroll
+          for (int r = lane; r < BM; r += 32) moved |= rowf[r] != 1.f;
+          rescale = __any_sync(0xffffffffu, moved);  // else every factor is 1: O as it is (the same bits)
+        }
+        if (rescale) {  // O's rows of this group, just before their P V
+#pragma unroll
+          for (int mt = m0; mt < m0 + MG; ++mt) {
+            const float a0 = rowf[mt * 16 + g], a1 = rowf[mt * 16 + g + 8];
+#pragma unroll
+            for (int nt = 0; nt < NT_O; ++nt) {
+              acc[mt][nt][0] *= a0;
+              acc[mt][nt][1] *= a0;
+              acc[mt][nt][2] *= a1;
+              acc[mt][nt][3] *= a1;
+            }
+          }
+        }
 #pragma unroll
         for (int kh = 0; kh < BN / 16; ++kh) {
-#pragma unroll
-          for (int mg = 0; mg < MG; ++mg)
-            ldsm_x4(pa[mg], smem_addr(ps + ((m0 + mg) * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * PS_STRIDE +
-                                      kh * 16 + (lane >> 4) * 8));
+          if (kh > 0) load_p(pa, m0, kh);
 #pragma unroll
           for (int nt = 0; nt < NT_O; nt += 2) {
             unsigned vb[4];
-            ldsm_x4_trans(vb, smem_addr(stile + (kh * 16 + vkey) * ROW_BYTES +
-                                        (kdtr::V_COL0<BUG> + cb + (nt + (lane >> 4)) * 8) * 2));
+            load_v(vb, kh, nt);
 #pragma unroll
             for (int mg = 0; mg < MG; ++mg) {
               mma_bf16(acc[m0 + mg][nt], pa[mg], vb[0], vb[1]);
