@@ -111,13 +111,15 @@ def sustain(go, seconds: float) -> tuple[float, dict]:
 
 
 def impl_of(spec: str):
-    """A peer baseline by its bench name, else a kernel spec (ValueError / KernelSpecError naming a bad one)."""
-    from kdtr.bench.baselines import BASELINES, OTHER_BASELINES, baseline
+    """A peer baseline by its bench name (kdtr.bench.baselines.baseline knows them), else a kernel spec
+    (KernelSpecError naming a bad one)."""
+    from kdtr.bench.baselines import baseline
     from kdtr.kernels.registry import resolve_kernel
 
-    if spec in OTHER_BASELINES or spec.removeprefix("torch-") in BASELINES:
+    try:
         return baseline(spec)
-    return resolve_kernel(spec)
+    except ValueError:  # not a baseline's name
+        return resolve_kernel(spec)
 
 
 def main() -> None:
